@@ -1,0 +1,153 @@
+"""Every private torch API the project touches, in one place (torch 2.11 through 2.14).
+
+Keep this module small; tests/test_compat.py exercises each function on the installed torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.fx
+
+try:  # torch >= 2.6
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # pragma: no cover - older torch is not supported, but fail clearly
+    CustomGraphPass = object  # type: ignore[assignment,misc]
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs, config_patches: dict[str, Any]):
+    from torch._inductor.compile_fx import compile_fx as _compile_fx
+
+    return _compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def placeholder_source_name(node: torch.fx.Node) -> str | None:
+    """Dynamo's record of where a graph input came from, e.g. "L['forward_batch'].seq_lens_cpu"."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is None:
+        return None
+    try:
+        return source.name() if callable(source.name) else source.name
+    except Exception:
+        return None
+
+
+def example_value(node: Any):
+    if not isinstance(node, torch.fx.Node):
+        return None
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def fake_mode_of(nodes) -> Any:
+    """The FakeTensorMode the Dynamo graph was traced with (from any node's example value)."""
+    for node in nodes:
+        value = example_value(node)
+        mode = getattr(value, "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
+
+
+@contextlib.contextmanager
+def capture_scalar_outputs():
+    """Dynamo reads this flag at trace time, i.e. at the first call, not at torch.compile()."""
+    import torch._dynamo
+
+    old = torch._dynamo.config.capture_scalar_outputs
+    torch._dynamo.config.capture_scalar_outputs = True
+    try:
+        yield
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = old
+
+
+def capture_scalar_outputs_enabled() -> bool:
+    import torch._dynamo
+
+    return bool(torch._dynamo.config.capture_scalar_outputs)
+
+
+def graph_counters() -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def free_unbacked_symbols(value) -> set:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as _free
+
+    return _free(value)
+
+
+def run_and_get_code(fn, *args, **kwargs):
+    from torch._inductor.utils import run_and_get_code as _run
+
+    return _run(fn, *args, **kwargs)
+
+
+def mark_static_address(t: torch.Tensor) -> None:
+    """A persistent buffer (KV pool, req_to_token): CUDA graphs may keep its address and let the graph mutate it."""
+    import torch._dynamo
+
+    torch._dynamo.mark_static_address(t)
+
+
+_TORCH_LOGGERS = ("torch", "torch._inductor", "torch._dynamo", "torch._inductor.cudagraph_utils")
+
+
+class CudagraphSkips:
+    """Collects Inductor's 'skipping cudagraphs due to ...' messages (TORCH_LOGS=cudagraphs) while active."""
+
+    def __init__(self):
+        import logging
+
+        self.messages: list[str] = []
+        outer = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record):
+                text = record.getMessage()
+                if "cudagraph" in text.lower():
+                    outer.messages.append(text[:300])
+
+        self.handler = _Handler()
+
+    def __enter__(self):
+        import logging
+
+        torch._logging.set_logs(cudagraphs=True)  # Inductor logs its skip reasons under this artifact
+        for name in _TORCH_LOGGERS:  # torch's loggers do not propagate to "torch"
+            logging.getLogger(name).addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        for name in _TORCH_LOGGERS:
+            logging.getLogger(name).removeHandler(self.handler)
+        torch._logging.set_logs()
+        return False
+
+
+def copy_dynamo_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a Dynamo graph that AOT autograd still recognises as Dynamo's.
+
+    AOT reads `gm.meta["dynamo_compile_id"]`, `gm._param_name_to_source` and each placeholder's
+    `_dynamo_source` to find static inputs (parameters, buffers, mark_static_address tensors); without them a
+    CUDA graph would refuse to let the step write its KV pool ("skipping cudagraphs due to mutated inputs").
+    """
+    graph = torch.fx.Graph()
+    value_map: dict = {}
+    out = graph.graph_copy(gm.graph, value_map)
+    graph.output(out)
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        new._param_name_to_source = gm._param_name_to_source
+    for old_node, new_node in value_map.items():
+        if hasattr(old_node, "_dynamo_source"):
+            new_node._dynamo_source = old_node._dynamo_source
+    return new

@@ -1,0 +1,192 @@
+"""Find host-sync points in a Dynamo FX graph, each with its kind and the user's source line.
+
+Shapes matched (Dynamo with capture_scalar_outputs on):
+    max_1 = seq_lens.max();  item = max_1.item()                         kind "item"   (also int(t), torch.max(t), .amax())
+    getitem_i = seq_lens[i]; item_i = getitem_i.item(); sym_max(...)     kind "tolist" (max(seq_lens.tolist()))
+    x.cpu() / x.to("cpu") / x.numpy()                                    kind "cpu_copy"
+    placeholder with source L['fb'].seq_lens_cpu                         kind "cpu_mirror"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx
+
+from ._compat import example_value, placeholder_source_name
+from .report import user_location
+
+
+@dataclasses.dataclass
+class SyncPoint:
+    kind: str
+    value: torch.fx.Node  # the node whose result is the host value
+    nodes: list[torch.fx.Node]  # the nodes that make up the read, in graph order
+    source: torch.fx.Node | None = None  # for a dynamic max: the tensor whose max is taken
+    host_sync: bool = True
+    location: str = "<unknown>"
+    code: str = ""
+
+    @property
+    def is_max(self) -> bool:
+        return self.source is not None
+
+
+def _code_line(node: torch.fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    # The last frame's code line follows its "File ..." line; caret lines are dropped.
+    code = [ln for ln in lines if ln and not ln.startswith("File ") and set(ln) - set("^~ ")]
+    return code[-1] if code else ""
+
+
+def _where(node: torch.fx.Node) -> tuple[str, str]:
+    return user_location(node.meta.get("stack_trace")), _code_line(node)
+
+
+def is_full_max(node) -> bool:
+    """`t.max()`, `t.amax()`, `torch.max(t)`, `torch.amax(t)`: a max over every element."""
+    if not isinstance(node, torch.fx.Node) or len(node.args) != 1:
+        return False
+    if any(v is not None for v in node.kwargs.values()):
+        return False
+    if node.op == "call_method":
+        return node.target in ("max", "amax")
+    return node.op == "call_function" and node.target in (torch.max, torch.amax)
+
+
+def is_item(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target == "item"
+
+
+def _is_cpu_device(value) -> bool:
+    try:
+        return torch.device(value).type == "cpu"
+    except (TypeError, RuntimeError):
+        return False
+
+
+def is_host_copy(node: torch.fx.Node) -> bool:
+    if node.op != "call_method":
+        return False
+    if node.target in ("cpu", "numpy"):
+        return True
+    if node.target == "to":
+        values = list(node.args[1:]) + [node.kwargs.get("device")]
+        return any(isinstance(v, (str, torch.device)) and _is_cpu_device(v) for v in values)
+    return False
+
+
+def attribute_name(source_name: str | None) -> str | None:
+    """The last attribute or key of a Dynamo source name: L['fb'].seq_lens_cpu -> seq_lens_cpu."""
+    if not source_name:
+        return None
+    tail = source_name.rsplit(".", 1)[-1]
+    if tail.endswith("']") and "['" in tail:
+        tail = tail[tail.rindex("['") + 2 : -2]
+    return tail
+
+
+def find_cpu_mirrors(graph: torch.fx.Graph, mirrors: dict[str, str]) -> dict[torch.fx.Node, torch.fx.Node | None]:
+    """CPU-mirror placeholders mapped to their device twins (None when the twin does not reach the graph).
+
+    A mirror is an input whose attribute name ends in `_cpu` or is named in `mirrors` (mirror -> twin).
+    """
+    by_source = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            name = placeholder_source_name(node)
+            if name:
+                by_source[name] = node
+    found = {}
+    for source, node in by_source.items():
+        attr = attribute_name(source)
+        if attr is None:
+            continue
+        if attr in mirrors:
+            twin_attr = mirrors[attr]
+        elif attr.endswith("_cpu"):
+            twin_attr = attr[: -len("_cpu")]
+        else:
+            continue
+        prefix = source[: len(source) - len(attr)]
+        if prefix.endswith("['"):
+            twin_source = prefix + twin_attr + "']"
+        else:
+            twin_source = prefix + twin_attr
+        found[node] = by_source.get(twin_source)
+    return found
+
+
+def _tolist_max(node: torch.fx.Node):
+    """For the last sym_max of max(t.tolist()): (t, nodes of the pattern), else None."""
+    chain, leaves, stack = [], [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in (torch.sym_max, max):
+            chain.append(n)
+            stack.extend(reversed(n.args))
+        else:
+            leaves.append(n)
+    if not chain or not all(is_item(leaf) for leaf in leaves):
+        return None
+    elements = [leaf.args[0] for leaf in leaves]
+    if not all(isinstance(e, torch.fx.Node) and e.target is operator.getitem and isinstance(e.args[1], int)
+               for e in elements):
+        return None
+    sources = {e.args[0] for e in elements}
+    if len(sources) != 1:
+        return None
+    source = sources.pop()
+    size = getattr(example_value(source), "shape", None)
+    if size is None or len(size) != 1 or sorted(e.args[1] for e in elements) != list(range(int(size[0]))):
+        return None
+    return source, chain + leaves + elements
+
+
+def find_sync_points(graph: torch.fx.Graph, mirrors: dict[torch.fx.Node, torch.fx.Node | None]) -> list[SyncPoint]:
+    """Every host read in the graph, in graph order. Nodes of one read are reported once."""
+    points: list[SyncPoint] = []
+    claimed: set[torch.fx.Node] = set()
+    nodes = list(graph.nodes)
+
+    def host_resident(t: torch.fx.Node) -> bool:
+        return t in mirrors
+
+    # max(t.tolist()) first: its items would otherwise be reported one by one.
+    for node in reversed(nodes):
+        if node in claimed or node.op != "call_function" or node.target not in (torch.sym_max, max):
+            continue
+        if any(u.op == "call_function" and u.target in (torch.sym_max, max) for u in node.users):
+            continue  # not the last of its chain
+        match = _tolist_max(node)
+        if match is None:
+            continue
+        source, members = match
+        claimed.update(members)
+        loc, code = _where(node)
+        points.append(SyncPoint("tolist", node, members, source, not host_resident(source), loc, code))
+
+    for node in nodes:
+        if node in claimed:
+            continue
+        if is_item(node):
+            inner = node.args[0]
+            members = [node]
+            source = None
+            if is_full_max(inner) and isinstance(inner.args[0], torch.fx.Node):
+                source = inner.args[0]
+                members = [inner, node]
+            base = source if source is not None else inner
+            kind = "cpu_mirror" if base in mirrors else "item"
+            loc, code = _where(node)
+            points.append(SyncPoint(kind, node, members, source, not host_resident(base), loc, code))
+            claimed.update(members)
+        elif is_host_copy(node) and isinstance(node.args[0], torch.fx.Node):
+            loc, code = _where(node)
+            points.append(SyncPoint("cpu_copy", node, [node], None, not host_resident(node.args[0]), loc, code))
+            claimed.add(node)
+    points.sort(key=lambda p: nodes.index(p.value))
+    return points

@@ -1,0 +1,67 @@
+"""The backend's options: parsed once, validated with errors that name the option."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+# Options of ours; everything else passes through to Inductor as config patches.
+_OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncfreeOptions:
+    max_context_len: int | None = None
+    page_size: int | None = None
+    strict: bool = False
+    # attribute name of a CPU mirror -> attribute name of its device twin; "X_cpu" <-> "X" is implied.
+    cpu_mirrors: tuple[tuple[str, str], ...] = ()
+    # Rewritten page tables assert on the device that no length exceeds the static bound.
+    checked: bool = False
+    cudagraphs: bool = False
+    inductor: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any] | None) -> "SyncfreeOptions":
+        options = dict(options or {})
+        if not isinstance(options, dict):
+            raise TypeError(f"options must be a dict, got {type(options).__name__}")
+        mcl = options.get("max_context_len")
+        if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
+            raise ValueError(f"options['max_context_len'] must be a positive int, got {mcl!r}")
+        ps = options.get("page_size")
+        if ps is not None and (isinstance(ps, bool) or not isinstance(ps, int) or ps < 1):
+            raise ValueError(f"options['page_size'] must be a positive int or None, got {ps!r}")
+        for flag in ("strict", "checked", "cudagraphs"):
+            if not isinstance(options.get(flag, False), bool):
+                raise TypeError(f"options['{flag}'] must be a bool, got {options[flag]!r}")
+        mirrors = options.get("cpu_mirrors") or {}
+        if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in mirrors.items()):
+            raise TypeError("options['cpu_mirrors'] must map mirror attribute names to device twin names (str -> str)")
+        inductor = {k: v for k, v in options.items() if k not in _OURS}
+        return cls(
+            max_context_len=mcl,
+            page_size=ps,
+            strict=options.get("strict", False),
+            cpu_mirrors=tuple(sorted(mirrors.items())),
+            checked=options.get("checked", False),
+            cudagraphs=options.get("cudagraphs", False),
+            inductor=tuple(sorted(inductor.items())),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cpu_mirrors"] = dict(self.cpu_mirrors)
+        d["inductor"] = dict(self.inductor)
+        return d
+
+    def fingerprint(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, default=repr)
+
+    def config_patches(self) -> dict[str, Any]:
+        patches = dict(self.inductor)
+        if self.cudagraphs:
+            patches["triton.cudagraphs"] = True
+        return patches

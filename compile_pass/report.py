@@ -1,0 +1,106 @@
+"""What the pass found, rewrote and kept: `SyncReport`, `last_report()` and `SyncRemainsError`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from typing import Any
+
+_LAST: dict[str, "SyncReport"] = {}
+_LOCK = threading.Lock()
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def user_location(stack_trace: str | None) -> str:
+    """'file.py:LINE' of the innermost frame of a node's stack trace (the user's code)."""
+    if not stack_trace:
+        return "<unknown>"
+    frames = _FRAME.findall(stack_trace)
+    if not frames:
+        return "<unknown>"
+    path, line = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+@dataclasses.dataclass
+class SyncItem:
+    """One sync point: its kind (item, tolist, cpu_copy, cpu_mirror), where it is and what happened to it."""
+
+    kind: str
+    location: str
+    reason: str
+    # False for a host read that costs no device sync (e.g. a max over an already published CPU mirror).
+    host_sync: bool = True
+    code: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SyncReport:
+    rewritten: list[SyncItem] = dataclasses.field(default_factory=list)
+    kept: list[SyncItem] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Filled by the post-grad check; None when Inductor served the graph from its cache (the check ran then).
+    post_grad: dict[str, Any] | None = None
+    fell_back: bool = False
+
+    @property
+    def syncs_remaining(self) -> int:
+        """Kept sync points that still cost a device-to-host sync per call."""
+        return sum(1 for item in self.kept if item.host_sync)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rewritten": [i.to_dict() for i in self.rewritten],
+            "kept": [i.to_dict() for i in self.kept],
+            "syncs_remaining": self.syncs_remaining,
+            "notes": list(self.notes),
+            "options": dict(self.options),
+            "post_grad": self.post_grad,
+            "fell_back": self.fell_back,
+        }
+
+    def __str__(self) -> str:
+        rows = [("status", "kind", "location", "what happened")]
+        rows += [("rewritten", i.kind, i.location, i.reason) for i in self.rewritten]
+        rows += [("kept" if i.host_sync else "kept (no sync)", i.kind, i.location, i.reason) for i in self.kept]
+        if len(rows) == 1:
+            rows.append(("-", "-", "-", "no sync point found"))
+        widths = [max(len(r[c]) for r in rows) for c in range(3)]
+        lines = []
+        for n, r in enumerate(rows):
+            lines.append("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 13)
+        lines.append(f"sync points rewritten: {len(self.rewritten)}, kept: {len(self.kept)} "
+                     f"({self.syncs_remaining} still a host sync)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class SyncRemainsError(RuntimeError):
+    """Raised under strict=True when a sync point is kept; lists each one with its line."""
+
+    def __init__(self, items: list[SyncItem], extra: str = ""):
+        self.items = list(items)
+        lines = [f"  {i.kind} at {i.location}: {i.reason}" for i in self.items]
+        msg = "syncfree (strict): host sync points remain after the pass:\n" + "\n".join(lines)
+        if extra:
+            msg += "\n" + extra
+        super().__init__(msg)
+
+
+def set_last_report(report: SyncReport) -> None:
+    with _LOCK:
+        _LAST["report"] = report
+
+
+def last_report() -> SyncReport | None:
+    """The SyncReport of the latest compile in this process (None before the first)."""
+    with _LOCK:
+        return _LAST.get("report")

@@ -1,0 +1,231 @@
+"""A tiny Llama-style decoder over a paged KV pool, written the way engines write their decode step.
+
+RMSNorm, RoPE, GQA attention through a page table, SwiGLU MLP; random weights (seeded), no downloads.
+The KV pool uses the engines' layout: `req_to_token[req, t]` is the KV slot of token t of request `req`;
+slot s lives at page s // page_size, offset s % page_size of k_cache/v_cache [num_pages, page_size, Hkv, D].
+
+The attention-metadata step is written like SGLang's, host sync included:
+
+    max_len = fb.seq_lens.max().item()                                  # the sync the pass removes
+    page_table = fb.req_to_token[fb.req_pool_indices, :max_len:ps] // ps
+    cache_seqlens = fb.seq_lens.to(torch.int32)
+
+Modes: "decode" (Sq = 1), "verify" (target-verify, Sq = draft tokens), and "extend_cold" (a cold path whose
+attention is a dense gather + SDPA that is not self-guarding: its host max comes from the published
+seq_lens_cpu mirror, and the pass must keep and report it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from compile_pass.kernels import flash_attn as _flash_attn  # noqa: F401  (adapter ops)
+
+
+@dataclasses.dataclass
+class TinyLlamaConfig:
+    vocab: int = 128
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    intermediate: int = 128
+    page_size: int = 4
+    num_pages: int = 256
+    max_context_len: int = 128
+    max_requests: int = 8
+    attention: str = "paged_decode"  # or "fa4", "fa_kvcache"
+    dtype: torch.dtype = torch.float32
+    rope_theta: float = 10000.0
+
+
+@dataclasses.dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [B, Sq]
+    positions: torch.Tensor  # [B, Sq]
+    out_cache_loc: torch.Tensor  # [B, Sq] KV slots of the new tokens
+    req_to_token: torch.Tensor  # [max_requests, max_context_len] int32
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64, new tokens included
+    seq_lens_cpu: torch.Tensor | None  # the host mirror engines publish
+
+
+def _rms_norm(x, weight, eps=1e-6):
+    var = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
+
+
+def _rope(x, positions, theta):
+    # x [B, Sq, H, D]; rotate pairs (first half, second half)
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[..., None] * freqs  # [B, Sq, half]
+    cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+class TinyLlama(torch.nn.Module):
+    def __init__(self, config: TinyLlamaConfig, device="cpu", seed: int = 0):
+        super().__init__()
+        self.config = c = config
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def w(*shape, scale=None):
+            scale = scale if scale is not None else 1.0 / math.sqrt(shape[-1])
+            data = torch.randn(*shape, generator=gen, device=device) * scale
+            return torch.nn.Parameter(data.to(c.dtype), requires_grad=False)
+
+        def ones():
+            return torch.nn.Parameter(torch.ones(c.hidden, device=device, dtype=c.dtype), requires_grad=False)
+
+        self.embed = w(c.vocab, c.hidden, scale=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(c.layers):
+            layer = torch.nn.Module()
+            layer.attn_norm = ones()
+            layer.wqkv = w((c.heads + 2 * c.kv_heads) * c.head_dim, c.hidden)
+            layer.wo = w(c.hidden, c.heads * c.head_dim)
+            layer.mlp_norm = ones()
+            layer.w_gate_up = w(2 * c.intermediate, c.hidden)
+            layer.w_down = w(c.hidden, c.intermediate)
+            self.layers.append(layer)
+        self.final_norm = torch.nn.Parameter(torch.ones(c.hidden, device=device, dtype=c.dtype), requires_grad=False)
+        self.lm_head = w(c.vocab, c.hidden)
+
+    def new_kv_pool(self, device="cpu"):
+        c = self.config
+        shape = (c.layers, c.num_pages, c.page_size, c.kv_heads, c.head_dim)
+        return torch.zeros(shape, device=device, dtype=c.dtype), torch.zeros(shape, device=device, dtype=c.dtype)
+
+    # -- the attention-metadata step, engine style ------------------------------------------------------
+    def attention_metadata(self, fb: ForwardBatch):
+        ps = self.config.page_size
+        max_len = fb.seq_lens.max().item()  # host sync: what the pass removes
+        page_table = fb.req_to_token[fb.req_pool_indices, :max_len:ps] // ps
+        return page_table.to(torch.int32), fb.seq_lens.to(torch.int32), max_len
+
+    def attend(self, q, k_cache, v_cache, page_table, cache_seqlens, max_len):
+        c = self.config
+        if c.attention == "paged_decode":
+            return torch.ops.syncfree.paged_decode(q, k_cache, v_cache, page_table, cache_seqlens)
+        if c.attention == "fa4":
+            return torch.ops.syncfree.fa4_paged(q, k_cache, v_cache, page_table, cache_seqlens,
+                                                max_seqlen_k=max_len, causal=True)
+        if c.attention == "fa_kvcache":
+            return torch.ops.syncfree.fa_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
+                                                      max_seqlen_k=max_len, causal=True)
+        raise ValueError(f"attention must be paged_decode, fa4 or fa_kvcache, got {c.attention!r}")
+
+    def attend_cold(self, q, k_cache, v_cache, fb: ForwardBatch):
+        """Extend/tree-verify style cold path: a dense gather sized by a host max. Not self-guarding."""
+        c = self.config
+        if fb.seq_lens_cpu is not None:
+            max_len = fb.seq_lens_cpu.max().item()  # an already published host value: no device sync
+        else:
+            max_len = c.max_context_len
+        slots = fb.req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)  # [B, T]
+        torch._check(slots.shape[1] > 0)  # lets the compiler trace a width it cannot see (unbacked)
+        k = k_cache.view(-1, c.kv_heads, c.head_dim)[slots]  # [B, T, Hkv, D]
+        v = v_cache.view(-1, c.kv_heads, c.head_dim)[slots]
+        sq = q.shape[1]
+        t = torch.arange(slots.shape[1], device=q.device)  # the gathered width, not max_len: one symbol
+        pos = fb.seq_lens[:, None] - sq + torch.arange(sq, device=q.device)[None, :]
+        mask = t[None, None, :] <= pos[:, :, None]  # [B, Sq, T]
+        group = c.heads // c.kv_heads
+        k = k.repeat_interleave(group, dim=2).transpose(1, 2)
+        v = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None])
+        return out.transpose(1, 2)
+
+    def static_metadata(self, fb: ForwardBatch, page_buffer: torch.Tensor):
+        """What engines write by hand: a static-width table filled on the device, no host read."""
+        torch.ops.syncfree.page_table_(page_buffer, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                                       self.config.page_size)
+        return page_buffer[: fb.seq_lens.shape[0]], fb.seq_lens.to(torch.int32), self.config.max_context_len
+
+    def forward(self, fb: ForwardBatch, k_pool: torch.Tensor, v_pool: torch.Tensor, cold: bool = False,
+                page_buffer: torch.Tensor | None = None):
+        c = self.config
+        x = self.embed[fb.input_ids]  # [B, Sq, hidden]
+        bsz, sq = fb.input_ids.shape
+        if page_buffer is not None:
+            page_table, cache_seqlens, max_len = self.static_metadata(fb, page_buffer)
+        elif not cold:
+            page_table, cache_seqlens, max_len = self.attention_metadata(fb)
+        loc = fb.out_cache_loc.reshape(-1)
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.attn_norm)
+            qkv = h @ layer.wqkv.t()
+            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], -1)
+            q = _rope(q.view(bsz, sq, c.heads, c.head_dim), fb.positions, c.rope_theta)
+            k = _rope(k.view(bsz, sq, c.kv_heads, c.head_dim), fb.positions, c.rope_theta)
+            v = v.view(bsz, sq, c.kv_heads, c.head_dim)
+            torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
+            k_cache, v_cache = k_pool[i], v_pool[i]
+            if cold:
+                o = self.attend_cold(q, k_cache, v_cache, fb)
+            else:
+                o = self.attend(q, k_cache, v_cache, page_table, cache_seqlens, max_len)
+            x = x + o.reshape(bsz, sq, -1) @ layer.wo.t()
+            gate, up = (_rms_norm(x, layer.mlp_norm) @ layer.w_gate_up.t()).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.w_down.t()
+        return _rms_norm(x, self.final_norm) @ self.lm_head.t()  # logits [B, Sq, vocab]
+
+
+def make_batch(config: TinyLlamaConfig, lengths: list[int], draft: int = 1, device="cpu", seed: int = 0,
+               with_cpu_mirror: bool = True) -> ForwardBatch:
+    """A batch whose requests already hold `lengths[b] - draft` tokens and append `draft` new ones.
+
+    Each request owns whole pages, scattered through the pool, so page ids differ from request order.
+    """
+    c = config
+    gen = torch.Generator().manual_seed(seed)
+    bsz = len(lengths)
+    pages_per_req = -(-c.max_context_len // c.page_size)
+    if bsz * pages_per_req > c.num_pages or bsz > c.max_requests:
+        raise ValueError(f"{bsz} requests of {c.max_context_len} tokens do not fit the pool's {c.num_pages} pages")
+    if max(lengths) > c.max_context_len:
+        raise ValueError(f"a length exceeds max_context_len={c.max_context_len}")
+    page_order = torch.randperm(c.num_pages, generator=gen)[: bsz * pages_per_req].view(bsz, pages_per_req)
+    req_ids = torch.randperm(c.max_requests, generator=gen)[:bsz]
+    req_to_token = torch.zeros(c.max_requests, c.max_context_len, dtype=torch.int32)
+    tok = torch.arange(c.max_context_len)
+    for b in range(bsz):
+        req_to_token[req_ids[b]] = (page_order[b][tok // c.page_size] * c.page_size + tok % c.page_size).int()
+    seq_lens = torch.tensor(lengths, dtype=torch.int64)
+    positions = seq_lens[:, None] - draft + torch.arange(draft)[None, :]
+    out_cache_loc = torch.stack([req_to_token[req_ids[b], positions[b]] for b in range(bsz)]).to(torch.int64)
+    input_ids = torch.randint(0, c.vocab, (bsz, draft), generator=gen)
+    to = dict(device=device)
+    return ForwardBatch(
+        input_ids=input_ids.to(**to), positions=positions.to(**to), out_cache_loc=out_cache_loc.to(**to),
+        req_to_token=req_to_token.to(**to), req_pool_indices=req_ids.to(**to), seq_lens=seq_lens.to(**to),
+        seq_lens_cpu=seq_lens.clone() if with_cpu_mirror else None,
+    )
+
+
+def decode_example(cold: bool = False, draft: int = 1):
+    """(fn, example_args) for syncfree-inspect: one decode step of the tiny model on CPU."""
+    config = TinyLlamaConfig()
+    model = TinyLlama(config)
+    k_pool, v_pool = model.new_kv_pool()
+    batch = make_batch(config, [5, 17, 9], draft=draft)
+
+    def step(fb, k_pool, v_pool):
+        return model(fb, k_pool, v_pool, cold=cold)
+
+    return step, (batch, k_pool, v_pool)
+
+
+BUILTIN_EXAMPLES = {
+    "decode": ("one decode step (Sq=1) of the tiny Llama; the max is rewritten", lambda: decode_example()),
+    "verify": ("target-verify (Sq=3 draft tokens); the max is rewritten", lambda: decode_example(draft=3)),
+    "extend_cold": ("a cold path with a dense gather: the host max is kept and reported",
+                    lambda: decode_example(cold=True, draft=2)),
+}

@@ -1,0 +1,6 @@
+"""Triton kernels and their torch.library ops (`torch.ops.syncfree.*`), importable as compile_pass.kernels."""
+
+from . import page_table as _page_table  # noqa: F401  (registers syncfree::page_table, syncfree::page_table_)
+from . import paged_decode as _paged_decode  # noqa: F401,E402  (registers syncfree::paged_decode)
+from . import flash_attn as _flash_attn  # noqa: F401,E402  (registers syncfree::fa4_paged, syncfree::fa_with_kvcache)
+from . import kv_store as _kv_store  # noqa: F401,E402  (registers syncfree::store_kv)

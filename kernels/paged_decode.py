@@ -1,0 +1,153 @@
+"""`syncfree::paged_decode`: attention over FA's paged KV layout, reading only the live keys of each row.
+
+q [B, Sq, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; page_table int [B, W]; cache_seqlens [B].
+Row b attends keys t < L_b = cache_seqlens[b]; key t is slot t % page_size of page page_table[b, t // page_size].
+Query i sits at position L_b - Sq + i and sees keys up to that position. Output [B, Sq, Hq, D] in q's dtype.
+This is a self-guarding consumer: page-table columns and pages past a row's length are never read, so the
+compile pass may hand it a static-width page table whose tail holds anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
+from ._triton import device_programs, use_triton
+
+MIN_BLOCK_M = 16  # tl.dot needs M >= 16
+# Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).
+# Swept on an H200 (BENCHMARKS.md): BLOCK_N 64, 2 stages, 4 warps; ~8 programs per SM when splitting.
+TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "num_warps": 4, "num_stages": 2}
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale) -> None:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in ATTN_DTYPES:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(t.shape)}")
+    check_index_tensor("page_table", page_table, 2)
+    check_index_tensor("cache_seqlens", cache_seqlens, 1)
+    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache and v_cache must have q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    batch, _, hq, dim = q.shape
+    hkv, kdim = k_cache.shape[2], k_cache.shape[3]
+    if kdim != dim:
+        raise ValueError(f"k_cache head dim {kdim} differs from q's {dim}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q's {hq} heads must be a multiple of k_cache's {hkv} KV heads")
+    if page_table.shape[0] != batch:
+        raise ValueError(f"page_table has {page_table.shape[0]} rows but q has batch {batch}")
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens has {cache_seqlens.shape[0]} rows but q has batch {batch}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("q", q)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head) dimension")
+
+
+def num_splits_for(batch: int, kv_heads: int, max_keys: int, programs: int) -> int:
+    """Splits along the keys, from static shapes only: enough programs to fill the device.
+
+    `programs` is the grid size that fills the device (0 or 1: no splitting, e.g. the interpreter). A batch
+    that already gives every SM two (row, head) programs is not split: the combine would only cost.
+    """
+    if programs <= 1 or batch * kv_heads * 4 >= programs:
+        return 1
+    want = -(-programs // max(1, batch * kv_heads))
+    most = max(1, -(-max_keys // (TUNING["block_n"] * 4)))  # at least 4 key blocks per split
+    return max(1, min(want, most, TUNING["max_splits"]))
+
+
+def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
+    from .paged_decode_kernel import paged_decode_combine_kernel, paged_decode_split_kernel
+
+    batch, sq, hq, dim = q.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    width = page_table.shape[1]
+    block_m = max(MIN_BLOCK_M, _next_pow2(sq * group))
+    block_d = max(16, _next_pow2(dim))
+    splits = num_splits_for(batch, hkv, width * page_size, device_programs(q, per_sm=TUNING["programs_per_sm"]))
+    acc = torch.empty((batch, hkv, splits, block_m, block_d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((batch, hkv, splits, 2, block_m), dtype=torch.float32, device=q.device)
+    paged_decode_split_kernel[(batch, hkv, splits)](
+        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0), page_table.stride(1),
+        width, page_size, scale, sq, splits,
+        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=TUNING["block_n"], BLOCK_D=block_d,
+        IEEE=q.dtype == torch.float32, num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
+    )
+    paged_decode_combine_kernel[(batch, hkv)](
+        acc, ml, out, out.stride(0), out.stride(1), out.stride(2), sq, splits,
+        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
+    )
+
+
+def _attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale):
+    """Vectorized torch version of the same semantics (CPU without the Triton interpreter)."""
+    batch, sq, hq, dim = q.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    width = page_table.shape[1]
+    lengths = cache_seqlens.to(torch.int64).clamp(min=0, max=width * page_size)
+    keys = int(lengths.max()) if batch else 0  # a host read of a CPU tensor: no device sync
+    t = torch.arange(keys, device=q.device)
+    live = t[None, :] < lengths[:, None]  # [B, T]
+    # Dead keys address page 0 so that no table column or page past L_b is used; their values are masked.
+    cols = torch.where(live, t[None, :] // page_size, 0)
+    pages = torch.where(live, torch.gather(page_table.to(torch.int64), 1, cols), 0)
+    slots = (t % page_size)[None, :].expand_as(pages)
+    k = torch.where(live[..., None, None], k_cache[pages, slots], 0).float()  # [B, T, Hkv, D]
+    v = torch.where(live[..., None, None], v_cache[pages, slots], 0).float()
+    group = hq // hkv
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bthd->bhqt", q.float(), k) * scale
+    pos = lengths[:, None] - sq + torch.arange(sq, device=q.device)[None, :]  # [B, Sq]
+    visible = live[:, None, :] & (t[None, None, :] <= pos[:, :, None])  # [B, Sq, T]
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a query that sees nothing gets zeros
+    out = torch.einsum("bhqt,bthd->bqhd", probs, v)
+    return out.to(q.dtype)
+
+
+@torch.library.custom_op("syncfree::paged_decode", mutates_args=())
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale)
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if q.numel() == 0:
+        return torch.empty_like(q)
+    if use_triton(q):
+        out = torch.empty_like(q)
+        _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out)
+        return out
+    # Same layout as the fake implementation (empty_like(q)), whatever the einsum produced.
+    return torch.empty_like(q).copy_(_attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale))
+
+
+@paged_decode.register_fake
+def _paged_decode_fake(q, k_cache, v_cache, page_table, cache_seqlens, scale=None):
+    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale)
+    return torch.empty_like(q)

@@ -1,0 +1,124 @@
+"""Triton split-KV attention over FA's paged KV layout: one program per (row, KV head, split).
+
+Each program serves the whole GQA group of its KV head for every query of the row (BLOCK_M rows of
+[query, head] pairs), walks its share of the row's live keys [0, L_b) through the page table and writes an
+unnormalised partial result; `paged_decode_combine_kernel` merges the splits. Splits divide L_b, read on the
+device, so the work follows the live keys and a small batch still fills the GPU. Loads are masked by L_b:
+no page, page-table column or key past a row's length is read.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, acc_ptr, ml_ptr,
+    q_sb, q_ss, q_sh,
+    k_sp, k_ss, k_sh,
+    v_sp, v_ss, v_sh,
+    pt_sb, pt_sw,
+    width, page_size, scale, num_queries, num_splits,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    length = tl.load(lens_ptr + b).to(tl.int64)
+    # Keys that the table cannot address do not exist for this kernel.
+    length = tl.minimum(tl.maximum(length, 0), width * page_size)
+    chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
+    start = s * chunk
+    end = tl.minimum(start + chunk, length)
+
+    rows = tl.arange(0, BLOCK_M)
+    query = rows // GROUP
+    head = h * GROUP + rows % GROUP
+    row_ok = rows < num_queries * GROUP
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * q_sb + query[:, None] * q_ss + head[:, None] * q_sh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+    )
+    # Query i sits at position L - Sq + i and sees keys up to there.
+    last_key = length - num_queries + query
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    pt_row = pt_ptr + b * pt_sb
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_ok = t < end
+        page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
+        slot = t % page_size
+        k = tl.load(
+            k_ptr + (page * k_sp + slot * k_ss + h * k_sh)[:, None] + dims[None, :],
+            mask=t_ok[:, None] & dim_ok[None, :], other=0.0,
+        )
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * scale
+        visible = t_ok[None, :] & (t[None, :] <= last_key[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr + (page * v_sp + slot * v_ss + h * v_sh)[:, None] + dims[None, :],
+            mask=t_ok[:, None] & dim_ok[None, :], other=0.0,
+        )
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    part = (b * tl.num_programs(1) + h) * num_splits + s
+    tl.store(acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + dims[None, :], acc)
+    tl.store(ml_ptr + (part * 2) * BLOCK_M + rows, m_i)
+    tl.store(ml_ptr + (part * 2 + 1) * BLOCK_M + rows, l_i)
+
+
+@triton.jit
+def paged_decode_combine_kernel(
+    acc_ptr, ml_ptr, out_ptr,
+    o_sb, o_ss, o_sh,
+    num_queries, num_splits,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        splits = s0 + tl.arange(0, BLOCK_S)
+        part = (b * tl.num_programs(1) + h) * num_splits + splits
+        m = tl.load(ml_ptr + (part * 2)[:, None] * BLOCK_M + rows[None, :], mask=(splits < num_splits)[:, None],
+                    other=float("-inf"))
+        m_all = tl.maximum(m_all, tl.max(m, 0))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    num = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    for s in range(0, num_splits):
+        part = (b * tl.num_programs(1) + h) * num_splits + s
+        m = tl.load(ml_ptr + (part * 2) * BLOCK_M + rows)
+        l = tl.load(ml_ptr + (part * 2 + 1) * BLOCK_M + rows)
+        w = tl.exp(m - m_safe)
+        den += l * w
+        num += tl.load(acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + dims[None, :]) * w[:, None]
+    # A query that sees no key (L_b = 0, or L_b < Sq) gets zeros.
+    out = num / tl.where(den == 0.0, 1.0, den)[:, None]
+    query = rows // GROUP
+    head = h * GROUP + rows % GROUP
+    ok = (rows < num_queries * GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
+    tl.store(out_ptr + b * o_sb + query[:, None] * o_ss + head[:, None] * o_sh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=ok)

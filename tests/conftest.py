@@ -1,0 +1,29 @@
+import os
+import pathlib
+
+# One Inductor cache and TMPDIR for the whole run (the first CPU compile is the expensive one).
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ROOT / ".cache" / "inductor"))
+os.environ.setdefault("TRITON_CACHE_DIR", str(_ROOT / ".cache" / "triton"))
+os.environ.setdefault("TMPDIR", str(_ROOT / ".cache" / "tmp"))
+pathlib.Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import compile_pass  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield

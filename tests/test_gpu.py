@@ -1,0 +1,135 @@
+"""GPU tests (marker `gpu`, skipped without CUDA): the kernels on CUDA against the references, and the
+compiled decode step with no host sync at run time (proof 3 of DESIGN.md)."""
+
+import warnings
+
+import pytest
+import torch
+
+from reference import attention_f64, page_table_cells
+from test_paged_decode import make_case
+from test_page_table import SENTINEL, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("dtypes", [(torch.int32, torch.int64), (torch.int64, torch.int32)])
+def test_page_table_cuda_sentinel(page_size, dtypes):
+    lengths = [0, 1, page_size, 5 * page_size, 10**6, -4, 37, 2048]
+    r2t, rpi, lens = make_inputs(len(lengths), page_size, lengths, 3000, dtypes[0], dtypes[1], device="cuda")
+    width = 40
+    full = torch.full((len(lengths) + 4, width + 3), SENTINEL, dtype=torch.int32, device="cuda")
+    torch.ops.syncfree.page_table_(full[2:, :width], r2t, rpi, lens, page_size)
+    expect = page_table_cells(r2t.cpu(), rpi.cpu(), lens.cpu(), page_size, width)
+    got = full.cpu()
+    for r in range(got.shape[0]):
+        for c in range(got.shape[1]):
+            key = (r - 2, c)
+            want = expect.get(key, SENTINEL) if c < width else SENTINEL
+            assert got[r, c] == want, (r, c)
+    out = torch.ops.syncfree.page_table(r2t, rpi, lens, page_size, width).cpu()
+    for (b, j), page in expect.items():
+        assert out[b, j] == page
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.float16, 3e-3), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_paged_decode_cuda_against_float64(dtype, atol, page_size, sq):
+    q, k, v, table, lens = make_case(3, sq, 8, 2, 64, page_size, [1, 300, 1000], dtype=dtype, seed=page_size + sq)
+    out = torch.ops.syncfree.paged_decode(q.cuda(), k.cuda(), v.cuda(), table.cuda(), lens.cuda())
+    assert torch.isfinite(out).all()
+    ref = attention_f64(q, k, v, table.clamp(max=k.shape[0] - 1), lens)
+    torch.testing.assert_close(out.cpu().double(), ref, atol=atol, rtol=0)
+
+
+def test_paged_decode_long_context_splits():
+    # One row of 20K keys: many splits; the result must match a float64 reference (computed densely).
+    q, k, v, table, lens = make_case(1, 1, 8, 8, 64, 16, [20000], dtype=torch.bfloat16, poison=True)
+    out = torch.ops.syncfree.paged_decode(q.cuda(), k.cuda(), v.cuda(), table.cuda(), lens.cuda())
+    t = torch.arange(20000)
+    kk = k[table[0, t // 16].long(), t % 16].double()  # [T, H, D]
+    vv = v[table[0, t // 16].long(), t % 16].double()
+    w = torch.softmax(torch.einsum("hd,thd->ht", q[0, 0].double(), kk) / 8.0, -1)
+    ref = torch.einsum("ht,thd->hd", w, vv)
+    torch.testing.assert_close(out[0, 0].cpu().double(), ref, atol=2e-2, rtol=0)
+
+
+def _model(attention="paged_decode"):
+    from compile_pass.examples import TinyLlama, TinyLlamaConfig
+
+    config = TinyLlamaConfig(attention=attention, page_size=16, max_context_len=256, num_pages=64,
+                             max_requests=4)
+    model = TinyLlama(config, device="cuda")
+    k, v = model.new_kv_pool("cuda")
+    k.normal_()
+    v.normal_()
+    from compile_pass._compat import mark_static_address
+
+    mark_static_address(k)  # the KV pool is a persistent buffer the CUDA graph writes in place
+    mark_static_address(v)
+    return config, model, k, v
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_compiled_decode_has_no_host_sync_at_run_time(cudagraphs):
+    import compile_pass
+    from compile_pass.examples import make_batch
+    from torch._dynamo.utils import counters
+
+    config, model, k, v = _model()
+    step = compile_pass.compile(lambda fb: model(fb, k, v), max_context_len=config.max_context_len,
+                                cudagraphs=cudagraphs, fullgraph=True, strict=True)
+    from compile_pass._compat import CudagraphSkips
+
+    counters.clear()
+    skips = CudagraphSkips()
+    for lengths in ([5, 17, 9], [40, 1, 250], [16, 32, 48]):
+        fb = make_batch(config, lengths, device="cuda")
+        expect = model(fb, k.clone(), v.clone())
+        with skips:
+            for _ in range(3):  # warm-up (and CUDA-graph recording)
+                got = step(fb)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                got = step(fb)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.testing.assert_close(got.float(), expect.float(), atol=2e-4, rtol=2e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    if cudagraphs:
+        assert counters["inductor"]["cudagraph_skips"] == 0, skips.messages
+    report = compile_pass.last_report()
+    assert report.syncs_remaining == 0 and len(report.rewritten) == 1
+    assert report.post_grad is None or report.post_grad["local_scalar_dense"] == 0
+
+
+def test_eager_engine_step_does_sync():
+    """The check above can fail: the eager step with .max().item() trips the sync detector."""
+    from compile_pass.examples import make_batch
+
+    config, model, k, v = _model()
+    fb = make_batch(config, [5, 17, 9], device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            model(fb, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_fa4_adapter_against_paged_decode_and_float64():
+    pytest.importorskip("flash_attn.cute")
+    q, k, v, table, lens = make_case(3, 1, 8, 2, 128, 16, [1, 300, 1000], dtype=torch.bfloat16)
+    table = table.clamp(max=k.shape[0] - 1)  # FA4 may prefetch whole pages from the table
+    args = (q.cuda(), k.cuda(), v.cuda(), table.cuda(), lens.cuda())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.ops.syncfree.fa4_paged(*args, max_seqlen_k=4096, causal=True)
+    ours = torch.ops.syncfree.paged_decode(*args)
+    ref = attention_f64(q, k, v, table, lens)
+    torch.testing.assert_close(got.cpu().double(), ref, atol=2e-2, rtol=0)
+    torch.testing.assert_close(got.float(), ours.float(), atol=2e-2, rtol=0)

@@ -1,0 +1,120 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest_helpers import examples, interpreting
+
+from reference import attention_f64
+
+
+def make_case(batch, sq, hq, hkv, dim, page_size, lengths, dtype=torch.float32, seed=0, poison=True, width=None):
+    gen = torch.Generator().manual_seed(seed)
+    width = width or max(1, max(-(-max(lengths) // page_size), 1) + 1)
+    num_pages = batch * width + 4
+    q = torch.randn(batch, sq, hq, dim, generator=gen).to(dtype)
+    k = torch.randn(num_pages, page_size, hkv, dim, generator=gen).to(dtype)
+    v = torch.randn(num_pages, page_size, hkv, dim, generator=gen).to(dtype)
+    table = torch.randperm(num_pages, generator=gen)[: batch * width].view(batch, width).to(torch.int32)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    if poison:
+        # Pages past each row's length hold NaN, and the table's dead columns point anywhere (even out of range).
+        for b in range(batch):
+            used = -(-max(lengths[b], 0) // page_size)
+            for j in range(used, width):
+                k[table[b, j]] = float("nan")
+                v[table[b, j]] = float("nan")
+            # Slots after the length inside the last used page are poisoned too: never read.
+            if lengths[b] % page_size and used:
+                last = table[b, used - 1]
+                k[last, lengths[b] % page_size:] = float("nan")
+                v[last, lengths[b] % page_size:] = float("nan")
+            table[b, used:] = 10**8
+    return q, k, v, table, lens
+
+
+def check(case, atol, scale=None):
+    q, k, v, table, lens = case
+    out = torch.ops.syncfree.paged_decode(q, k, v, table, lens, scale)
+    safe_table = table.clamp(max=k.shape[0] - 1)  # the reference gathers only live columns anyway
+    ref = attention_f64(q, k, v, safe_table, lens, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("sq", [1, 2, 4])
+def test_against_float64_reference(page_size, sq):
+    case = make_case(3, sq, 4, 2, 16, page_size, [1, 20, 37], seed=page_size * 10 + sq)
+    check(case, atol=1e-5)
+
+
+def test_zero_length_rows_and_short_rows_give_zeros():
+    q, k, v, table, lens = make_case(2, 3, 2, 1, 8, 2, [0, 2])
+    out = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
+    assert (out[0] == 0).all()
+    assert (out[1, 0] == 0).all()  # query 0 sits at position -1: sees nothing
+
+
+def test_custom_scale():
+    check(make_case(2, 1, 4, 4, 8, 4, [5, 9], seed=3), atol=1e-5, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_half_precision(dtype, atol):
+    if dtype is torch.bfloat16 and interpreting():
+        pytest.skip("the Triton interpreter has no bfloat16 (numpy lacks it); the H200 run covers bf16")
+    check(make_case(2, 2, 8, 2, 32, 4, [7, 30], dtype=dtype, seed=5), atol=atol)
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+    batch=st.integers(1, 3), sq=st.integers(1, 4), group=st.sampled_from([1, 2, 4]), hkv=st.integers(1, 2),
+    dim=st.sampled_from([8, 16, 24]), page_size=st.sampled_from([1, 3, 16]), data=st.data(),
+)
+def test_property_random_shapes(batch, sq, group, hkv, dim, page_size, data):
+    lengths = data.draw(st.lists(st.integers(1, 48), min_size=batch, max_size=batch))
+    check(make_case(batch, sq, hkv * group, hkv, dim, page_size, lengths, seed=sum(lengths)), atol=1e-5)
+
+
+def test_opcheck():
+    q, k, v, table, lens = make_case(2, 1, 4, 2, 16, 4, [5, 9], poison=False)
+    torch.library.opcheck(torch.ops.syncfree.paged_decode.default, (q, k, v, table, lens))
+
+
+def _good():
+    q, k, v, table, lens = make_case(2, 1, 4, 2, 16, 4, [5, 9], poison=False)
+    return dict(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens)
+
+
+@pytest.mark.parametrize("change,exc,name", [
+    (lambda g: dict(q=g["q"].int()), TypeError, "q"),
+    (lambda g: dict(k_cache=g["k_cache"][0]), ValueError, "k_cache"),
+    (lambda g: dict(v_cache=g["v_cache"].half()), TypeError, "v_cache"),
+    (lambda g: dict(page_table=g["page_table"].float()), TypeError, "page_table"),
+    (lambda g: dict(cache_seqlens=g["cache_seqlens"][:1]), ValueError, "cache_seqlens"),
+    (lambda g: dict(q=g["q"][:, :, :3]), ValueError, "heads"),
+    (lambda g: dict(cache_seqlens=g["cache_seqlens"].to("meta")), ValueError, "cache_seqlens"),
+])
+def test_bad_input_names_the_argument(change, exc, name):
+    g = _good()
+    g.update(change(g))
+    with pytest.raises(exc, match=name):
+        torch.ops.syncfree.paged_decode(**g)
+
+
+def test_registered_as_self_guarding_consumer():
+    import compile_pass
+
+    entry = compile_pass.registered_consumers()["syncfree::paged_decode"]
+    assert (entry.page_table, entry.lengths) == ("page_table", "cache_seqlens")
+
+
+def test_default_scale_is_inverse_sqrt_dim():
+    q, k, v, table, lens = make_case(1, 1, 2, 2, 16, 4, [6], poison=False)
+    a = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
+    b = torch.ops.syncfree.paged_decode(q, k, v, table, lens, 1 / math.sqrt(16))
+    torch.testing.assert_close(a, b)

@@ -1,0 +1,31 @@
+"""The same kernel tests through the Triton interpreter (TRITON_INTERPRET=1), in a subprocess: triton.jit
+decides at import whether a kernel is interpreted, so this process cannot switch."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest_helpers import interpreting
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_kernels_run_under_the_interpreter():
+    if interpreting():
+        import torch
+
+        from compile_pass.kernels._triton import use_triton
+
+        assert use_triton(torch.zeros(1)), "the interpreter path is not taken"
+        return
+    pytest.importorskip("triton")
+    pytest.importorskip("numpy")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    files = [str(HERE / f) for f in ("test_page_table.py", "test_paged_decode.py", "test_triton_interpreter.py")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *files],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
