@@ -25,8 +25,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, config_patches: dict[st
 
 def placeholder_source_name(node: torch.fx.Node) -> str | None:
     """Dynamo's record of where a graph input came from, e.g. "L['forward_batch'].seq_lens_cpu"."""
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
+    grapharg = node.meta.get("grapharg")  # present while the backend runs; Dynamo drops it afterwards
+    source = getattr(grapharg, "source", None) or getattr(node, "_dynamo_source", None)
     if source is None:
         return None
     try:
@@ -83,9 +83,19 @@ def free_unbacked_symbols(value) -> set:
 
 
 def run_and_get_code(fn, *args, **kwargs):
-    from torch._inductor.utils import run_and_get_code as _run
+    """(fn(*args), Inductor wrapper code of what compiles during the call).
 
-    return _run(fn, *args, **kwargs)
+    Unlike torch._inductor.utils.run_and_get_code this does not reset Dynamo, so other compiled functions
+    keep their caches (a reset would make them compile again and look like recompiles).
+    """
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", lambda code: codes.append(code)):
+        result = fn(*args, **kwargs)
+    return result, codes
 
 
 def mark_static_address(t: torch.Tensor) -> None:

@@ -105,7 +105,13 @@ def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None,
     @functools.wraps(fn)
     def run(*args, **kwargs):
         with _compat.capture_scalar_outputs():
-            return compiled(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
+                inner = getattr(e, "inner_exception", None)
+                if isinstance(inner, SyncRemainsError):
+                    raise inner from None
+                raise
 
     run._syncfree_compiled = compiled  # type: ignore[attr-defined]
     return run

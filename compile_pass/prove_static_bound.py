@@ -67,6 +67,24 @@ class Unsafe(Exception):
     """A use that the safety rule does not allow; its message is the report's reason."""
 
 
+_ARITHMETIC = {operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow, operator.neg,
+               operator.add, operator.sub, torch.sym_max, torch.sym_min}
+
+
+def why_not(user: torch.fx.Node, what: str) -> str:
+    """The reason a use of the max (what="the max") or of its page table is not allowed."""
+    where = describe_use(user)
+    if user.op == "output":
+        return f"{what} reaches {where}"
+    if user.op == "call_function" and user.target in _ARITHMETIC:
+        return f"{what} is used in arithmetic that is not a bound ({where})"
+    if user.op == "call_function" and isinstance(user.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"{what} reaches {where}, which is not a registered self-guarding consumer"
+    if what == "the max":
+        return f"{what} reaches {where}, neither a page-table bound nor an upper-bound argument"
+    return f"{what} reaches {where}, not a self-guarding consumer"
+
+
 def describe_use(user: torch.fx.Node) -> str:
     if user.op == "output":
         return "the graph output (returned to the caller)"
@@ -152,7 +170,7 @@ class _Prover:
                     self.proof.offsets.append(user)
                     self.follow_value(user, offset + (other if user.target is operator.add else -other))
                     continue
-                raise Unsafe(f"the max is used in arithmetic that is not a bound ({describe_use(user)})")
+                raise Unsafe(why_not(user, "the max"))
             if self.is_gather(user, node):
                 self.follow_gather(user, node, offset)
                 continue
@@ -165,9 +183,7 @@ class _Prover:
                     self.proof.bounds.extend(BoundPlan(user, k, offset) for k in names)
                     continue
                 raise Unsafe(f"passed to {entry.name} as {names}, which is not an upper-bound argument")
-            if user.op == "call_function" and isinstance(user.target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-                raise Unsafe(f"the max reaches {describe_use(user)}, not a registered self-guarding consumer")
-            raise Unsafe(f"the max reaches {describe_use(user)}, neither a page-table bound nor an upper-bound argument")
+            raise Unsafe(why_not(user, "the max"))
 
     @staticmethod
     def is_gather(user: torch.fx.Node, m: torch.fx.Node) -> bool:
@@ -203,12 +219,12 @@ class _Prover:
                 else:
                     nexts.append(user)
             if consumers and nexts:
-                raise Unsafe(f"the page table also reaches {describe_use(nexts[0])}")
+                raise Unsafe(why_not(nexts[0], "the page table also"))
             if consumers:
                 break
             if len(nexts) != 1:
                 uses = ", ".join(sorted({describe_use(u) for u in nexts})) or "nothing"
-                raise Unsafe(f"the page table reaches {uses}, not a self-guarding consumer")
+                raise Unsafe(f"the page table reaches {uses}: not only self-guarding consumers")
             nxt = nexts[0]
             if (nxt.op == "call_function" and nxt.target is operator.getitem and step is None
                     and isinstance(nxt.args[1], tuple) and len(nxt.args[1]) == 2
@@ -229,7 +245,7 @@ class _Prover:
             elif strip_casts(nxt) is node:
                 pass
             else:
-                raise Unsafe(f"the page table reaches {describe_use(nxt)}, not a self-guarding consumer")
+                raise Unsafe(why_not(nxt, "the page table"))
             chain.append(nxt)
             node = nxt
         step = step or 1

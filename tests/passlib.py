@@ -1,0 +1,66 @@
+"""Helpers for pass tests: run PageTableRewrite on Dynamo graphs without Inductor (fast)."""
+
+import dataclasses
+
+import torch
+
+from compile_pass import _compat
+from compile_pass.options import SyncfreeOptions
+from compile_pass.page_table_rewrite import PageTableRewrite
+
+
+@dataclasses.dataclass
+class FB:
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+
+
+def make_fb(lengths, page_size=4, reqs=6, width=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(reqs * width // page_size, generator=gen).view(reqs, -1)
+    tok = torch.arange(width)
+    r2t = (pages[:, tok // page_size] * page_size + tok % page_size).to(torch.int32)
+    rpi = torch.randperm(reqs, generator=gen)[: len(lengths)]
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    return FB(r2t, rpi, lens, lens.clone())
+
+
+def make_qkv(batch, page_size=4, num_pages=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = num_pages or 6 * 64 // page_size
+    q = torch.randn(batch, 1, 4, 8, generator=gen)
+    k = torch.randn(num_pages, page_size, 2, 8, generator=gen)
+    v = torch.randn(num_pages, page_size, 2, 8, generator=gen)
+    return q, k, v
+
+
+class Rewriting:
+    """A backend that applies the pass and runs the rewritten graph eagerly; keeps graphs and reports."""
+
+    def __init__(self, **options):
+        self.options = SyncfreeOptions.from_dict(options)
+        self.graphs = []
+        self.reports = []
+
+    def __call__(self, gm, example_inputs):
+        report = PageTableRewrite(self.options)(gm)
+        self.graphs.append(gm)
+        self.reports.append(report)
+        return gm.forward
+
+    @property
+    def report(self):
+        return self.reports[-1]
+
+    def targets(self):
+        return [n.target for g in self.graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def run(fn, *args, **options):
+    backend = Rewriting(**options)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    with _compat.capture_scalar_outputs():
+        out = compiled(*args)
+    return out, backend, compiled
