@@ -169,6 +169,11 @@ class PageTableRewrite:
                                                 False))
                     continue
                 want, have = example_value(user), example_value(twin)
+                if getattr(want, "device", None) != getattr(have, "device", None):
+                    report.kept.append(SyncItem("cpu_mirror", loc,
+                                                f"kept: the device twin {twin.name} is on {getattr(have, 'device', '?')}, "
+                                                f"not on {getattr(want, 'device', '?')} where the copy goes", False))
+                    continue
                 replacement = twin
                 if getattr(want, "dtype", None) is not None and getattr(have, "dtype", None) != want.dtype:
                     with graph.inserting_before(user):

@@ -280,3 +280,30 @@ def test_uuid_changes_with_every_option():
     assert len(uuids) == len(variants)
     same = SyncFreeCheck(SyncfreeOptions.from_dict({"max_context_len": 64}).fingerprint()).uuid()
     assert same in uuids  # deterministic
+
+
+def test_mirror_copied_to_the_device_reads_the_twin():
+    """`seq_lens_cpu.to(device)` becomes the device twin (the meta device stands in for CUDA here)."""
+
+    def step(fb):
+        return fb.seq_lens_cpu.to("meta").to(torch.int32) + fb.seq_lens.to(torch.int32)
+
+    fb = make_fb([3, 9])
+    fb.seq_lens = fb.seq_lens.to("meta")  # the twin reaches the graph and lives where the copy goes
+    out, backend, _ = run(step, fb, max_context_len=MCL)
+    assert out.device.type == "meta" and out.shape == (2,) and out.dtype == torch.int32
+    assert [i.kind for i in backend.report.rewritten] == ["cpu_mirror"]
+    assert "device twin l_fb_seq_lens" in backend.report.rewritten[0].reason
+    placeholders_used = {n.name for g in backend.graphs for n in g.graph.nodes
+                         if n.op == "placeholder" and n.users}
+    assert "l_fb_seq_lens_cpu" not in placeholders_used
+
+
+def test_mirror_copy_kept_when_the_twin_is_elsewhere():
+    def step(fb):
+        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum()
+
+    fb = make_fb([3, 9])  # the twin is on the CPU, not on the copy's device
+    out, backend, _ = run(step, fb, max_context_len=MCL)
+    assert out.device.type == "meta"
+    assert backend.report.kept and "not on meta" in backend.report.kept[0].reason

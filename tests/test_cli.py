@@ -1,0 +1,111 @@
+"""syncfree-inspect in a subprocess: exit codes, files, JSON, clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).parent / "syncfree-inspect"
+
+UNSAFE = textwrap.dedent("""\
+    import torch
+
+    def step(lens, r2t, rpi):
+        m = lens.max().item()
+        return r2t[rpi, :m].float().sum(1)
+
+    def target():
+        return step, (torch.tensor([3, 5]), torch.arange(40).view(4, 10), torch.tensor([1, 2]))
+
+    NOT_CALLABLE = 3
+
+    def wrong():
+        return 5
+
+    def raises():
+        raise RuntimeError("no model here")
+    """)
+
+
+def inspect(*args, cwd=None):
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "compile_pass.tools.inspect_cli"]
+    env = {**os.environ, "PYTHONPATH": str(cwd) if cwd else ""}
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+
+
+@pytest.fixture
+def target_dir(tmp_path):
+    (tmp_path / "unsafe_target.py").write_text(UNSAFE)
+    return tmp_path
+
+
+def test_console_script_is_installed():
+    assert SCRIPT.exists(), "pip install should create the syncfree-inspect console script"
+
+
+@pytest.mark.inductor
+def test_builtin_example_exits_0_and_writes_files(tmp_path):
+    out = tmp_path / "dump"
+    proc = inspect("--example", "decode", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["syncs_remaining"] == 0 and data["exit_status"] == 0
+    assert data["host_syncs_in_inductor_code"]["before"] >= 1 and data["host_syncs_in_inductor_code"]["after"] == 0
+    assert [i["kind"] for i in data["rewritten"]] == ["item"]
+    assert "tiny_llama.py:" in data["rewritten"][0]["location"]
+    assert json.loads((out / "report.json").read_text())["exit_status"] == 0
+    assert "rewritten" in (out / "report.md").read_text()
+    assert any((out / "before").iterdir()) and any((out / "after").iterdir())
+    assert "compiling" not in proc.stderr  # no progress lines when piped
+
+
+def test_progress_only_on_a_terminal(capsys):
+    from compile_pass.tools.inspect_cli import Progress
+
+    Progress(enabled=True).step("compiling stock")
+    Progress(enabled=False).step("compiling syncfree")
+    err = capsys.readouterr().err
+    assert "compiling stock" in err and "compiling syncfree" not in err
+
+
+@pytest.mark.inductor
+def test_unsafe_target_exits_1_naming_the_line(target_dir):
+    proc = inspect("unsafe_target:target", "--max-context-len", "10", "--out", "dump", cwd=target_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "unsafe_target.py:4" in proc.stdout and "kept" in proc.stdout
+    assert "host syncs in Inductor code" in proc.stdout
+
+
+@pytest.mark.inductor
+def test_strict_exits_1(target_dir):
+    proc = inspect("unsafe_target:target", "--max-context-len", "10", "--strict", "--out", "dump", cwd=target_dir)
+    assert proc.returncode == 1
+    assert "strict" in proc.stderr and "unsafe_target.py:4" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["nope_module:fn"], "cannot import module 'nope_module'"),
+    (["unsafe_target"], "TARGET must be module:function"),
+    (["unsafe_target:missing"], "has no attribute 'missing'"),
+    (["unsafe_target:NOT_CALLABLE"], "is not callable"),
+    (["unsafe_target:wrong"], "must return (fn, example_args)"),
+    (["unsafe_target:raises"], "raised RuntimeError: no model here"),
+    (["--example", "nope"], "unknown example 'nope'"),
+    ([], "give exactly one of TARGET"),
+    (["--example", "decode", "--max-context-len", "0"], "--max-context-len must be >= 1"),
+])
+def test_bad_usage_exits_2_with_one_clear_line(target_dir, args, message):
+    proc = inspect(*args, cwd=target_dir)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_list_examples():
+    proc = inspect("--list-examples")
+    assert proc.returncode == 0 and "decode" in proc.stdout and "extend_cold" in proc.stdout

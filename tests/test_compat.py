@@ -1,0 +1,76 @@
+"""Each private-torch helper in compile_pass._compat, on the installed torch."""
+
+import torch
+
+from compile_pass import _compat
+
+
+def _dynamo_graph(fn, *args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, _compat.copy_dynamo_graph_module(gm), [
+            _compat.placeholder_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]))
+        return gm.forward
+
+    with _compat.capture_scalar_outputs():
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def test_capture_scalar_outputs_restores_the_flag():
+    before = _compat.capture_scalar_outputs_enabled()
+    with _compat.capture_scalar_outputs():
+        assert _compat.capture_scalar_outputs_enabled()
+    assert _compat.capture_scalar_outputs_enabled() == before
+
+
+def test_sources_copy_and_fake_mode():
+    class Batch:
+        def __init__(self):
+            self.seq_lens_cpu = torch.tensor([1, 2])
+
+    gm, copy, sources = _dynamo_graph(lambda b, x: x * b.seq_lens_cpu.max().item(), Batch(), torch.ones(2))
+    assert "L['b'].seq_lens_cpu" in sources and "L['x']" in sources
+    assert "dynamo_compile_id" in copy.meta and copy.meta["dynamo_compile_id"] == gm.meta["dynamo_compile_id"]
+    for old, new in zip(gm.graph.nodes, copy.graph.nodes):
+        assert old.name == new.name
+        if old.op == "placeholder":
+            assert _compat.placeholder_source_name(new) == _compat.placeholder_source_name(old)
+    assert _compat.fake_mode_of(list(gm.graph.nodes)) is not None
+    assert _compat.example_value(next(iter(gm.graph.nodes))) is not None
+
+
+def test_free_unbacked_symbols_and_counters():
+    assert _compat.free_unbacked_symbols(torch.ones(2)) == set()
+    assert "stats" in _compat.graph_counters() or isinstance(_compat.graph_counters(), dict)
+
+
+def test_run_and_get_code_does_not_reset_dynamo():
+    from torch._dynamo.utils import counters
+
+    f = torch.compile(lambda x: x + 1)
+    g = torch.compile(lambda x: x * 2)
+    counters.clear()
+    f(torch.ones(3))
+    out, codes = _compat.run_and_get_code(g, torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 2.0)) and codes and "def call" in codes[0]
+    f(torch.ones(3))  # still cached
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_custom_graph_pass_base_and_static_address():
+    from compile_pass.post_grad_check import SyncFreeCheck
+
+    assert issubclass(SyncFreeCheck, _compat.CustomGraphPass)
+    t = torch.zeros(2)
+    _compat.mark_static_address(t)
+    assert getattr(t, "_dynamo_static_input_type", None) is not None
+
+
+def test_cudagraph_skips_collects_messages():
+    import logging
+
+    with _compat.CudagraphSkips() as skips:
+        logging.getLogger("torch._inductor").warning("skipping cudagraphs due to mutated inputs")
+    assert skips.messages == ["skipping cudagraphs due to mutated inputs"]
