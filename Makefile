@@ -15,9 +15,13 @@ export TRITON_CACHE_DIR ?= $(CURDIR)/.cache/triton
 $(VENV)/.installed: pyproject.toml Makefile
 	@mkdir -p $(TMPDIR)
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	@# A machine that has torch keeps its own; otherwise the CPU build, never a multi-GB CUDA build.
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-index torch==$(TORCH_VERSION) 2>/dev/null \
-		|| $(PY) -m pip install -q torch==$(TORCH_VERSION) --index-url https://download.pytorch.org/whl/cpu
+	@# A machine that has torch keeps its own; otherwise the CPU build, never a multi-GB CUDA build: the local
+	@# CPU wheel where pip's find-links has one, else PyTorch's CPU index.
+	@$(PY) -c "import torch" 2>/dev/null \
+		|| { $(PY) -m pip download -q --no-index --no-deps -d $(TMPDIR)/torch-probe torch==$(TORCH_VERSION) >/dev/null 2>&1 \
+		     && $(PY) -m pip install -q torch==$(TORCH_VERSION); } \
+		|| $(PY) -m pip install -q torch==$(TORCH_VERSION) --index-url https://download.pytorch.org/whl/cpu \
+		     --extra-index-url https://pypi.org/simple
 	@$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q triton==$(TRITON_VERSION)
 	$(PY) -m pip install -q -e '.[test,inspect]'
 	@touch $@
@@ -25,14 +29,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(VENV)/bin/pytest -q tests
+	$(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/syncfree-inspect --example decode --out syncfree-inspect-out
 
 # On a CUDA machine: only the GPU-marked tests.
 gpu-test: $(VENV)/.installed
-	$(VENV)/bin/pytest -q -m gpu tests
+	$(PY) -m pytest -q -m gpu tests
 
 wheel:
 	$(PYTHON) -m pip wheel --no-deps --no-build-isolation -w dist .
