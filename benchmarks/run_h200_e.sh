@@ -11,5 +11,5 @@ export PYTHONPATH=/tmp/sf
 timeout 120 python -P -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k fa4 > $OUT/fa4_test.log 2>&1
 echo "fa4 test rc=$?" >> $OUT/fa4_test.log
 tail -n 3 $OUT/fa4_test.log
-(cd benchmarks && timeout 330 python decode_step.py --attention fa4 --json $OUT/decode_step_fa4.json > $OUT/decode_step_fa4.log 2>&1)
+(cd benchmarks && timeout 190 python decode_step.py --attention fa4 --json $OUT/decode_step_fa4.json > $OUT/decode_step_fa4.log 2>&1)
 grep -v "^W11\|^  \|^/" $OUT/decode_step_fa4.log | tail -n 12
