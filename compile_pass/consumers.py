@@ -45,7 +45,7 @@ def _qualified_name(op: Any) -> str:
     )
 
 
-def _schema_argument_names(name: str) -> list[str]:
+def schema_argument_names(name: str) -> list[str]:
     namespace, opname = name.split("::")
     packet = getattr(getattr(torch.ops, namespace), opname)
     return [a.name for a in packet.default._schema.arguments]
@@ -66,7 +66,7 @@ def register_self_guarding_consumer(
     """
     name = _qualified_name(op)
     try:
-        arg_names = _schema_argument_names(name)
+        arg_names = schema_argument_names(name)
     except (AttributeError, RuntimeError) as e:
         raise ValueError(f"op {name!r} is not a registered torch op: {e}") from None
     upper_bounds = tuple(upper_bounds)
@@ -110,7 +110,7 @@ def registry_fingerprint() -> str:
 
 def bind_arguments(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Map a call's positional and keyword arguments to the op schema's argument names."""
-    names = _schema_argument_names(name)
+    names = schema_argument_names(name)
     bound = dict(zip(names, args))
     bound.update(kwargs)
     return bound
@@ -128,7 +128,7 @@ def register_builtin_consumers() -> None:
         return
     for name in ("torch_attn::_varlen_attn", "torch_attn::_varlen_attn_out"):
         try:
-            args = _schema_argument_names(name)
+            args = schema_argument_names(name)
         except (AttributeError, RuntimeError):
             continue
         if "block_table" in args and "seqused_k" in args:

@@ -24,9 +24,9 @@ class SyncfreeOptions:
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "SyncfreeOptions":
-        options = dict(options or {})
-        if not isinstance(options, dict):
+        if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict, got {type(options).__name__}")
+        options = dict(options or {})
         mcl = options.get("max_context_len")
         if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
             raise ValueError(f"options['max_context_len'] must be a positive int, got {mcl!r}")

@@ -30,10 +30,11 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of
+from .consumers import bind_arguments, lookup_consumer, schema_argument_names
 from .find_sync_points import SyncPoint, find_cpu_mirrors, find_sync_points
 from .options import SyncfreeOptions
 from .prove_static_bound import GatherPlan, Proof, prove_static_bound
-from .report import SyncItem, SyncReport
+from .report import SyncItem, SyncReport, user_location
 
 
 def _erase_if_dead(graph: torch.fx.Graph, nodes) -> None:
@@ -67,12 +68,10 @@ def _insert_page_table(graph: torch.fx.Graph, plan: GatherPlan, lengths_of, max_
 
 
 def _set_argument(node: torch.fx.Node, name: str, value) -> None:
-    from .consumers import _schema_argument_names, lookup_consumer
-
     if name in node.kwargs:
         node.update_kwarg(name, value)
         return
-    index = _schema_argument_names(lookup_consumer(node.target).name).index(name)
+    index = schema_argument_names(lookup_consumer(node.target).name).index(name)
     node.update_arg(index, value)
 
 
@@ -83,8 +82,6 @@ class PageTableRewrite:
         self.options = options
 
     def __call__(self, gm: torch.fx.GraphModule) -> SyncReport:
-        from .consumers import bind_arguments
-
         graph = gm.graph
         report = SyncReport(options=self.options.to_dict())
         mirrors = find_cpu_mirrors(graph, dict(self.options.cpu_mirrors))
@@ -159,8 +156,6 @@ class PageTableRewrite:
                          if isinstance(a, (str, torch.device)) and torch.device(a).type != "cpu"]
                 if user.target == "to" and not moved:
                     continue
-                from .report import user_location
-
                 loc = user_location(user.meta.get("stack_trace"))
                 if twin is None:
                     report.kept.append(SyncItem("cpu_mirror", loc,
