@@ -54,6 +54,7 @@ def test_builtin_example_exits_0_and_writes_files(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["syncs_remaining"] == 0 and data["exit_status"] == 0
+    assert data["depyf"] == {"used": True, "problem": None}  # installed by the [inspect] extra
     assert data["host_syncs_in_inductor_code"]["before"] >= 1 and data["host_syncs_in_inductor_code"]["after"] == 0
     assert [i["kind"] for i in data["rewritten"]] == ["item"]
     assert "tiny_llama.py:" in data["rewritten"][0]["location"]
@@ -109,3 +110,25 @@ def test_bad_usage_exits_2_with_one_clear_line(target_dir, args, message):
 def test_list_examples():
     proc = inspect("--list-examples")
     assert proc.returncode == 0 and "decode" in proc.stdout and "extend_cold" in proc.stdout
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("fake_depyf,note", [
+    ("raise ImportError('blocked for this test')", "depyf is not installed"),
+    ("import contextlib\n"
+     "@contextlib.contextmanager\n"
+     "def prepare_debug(path):\n"
+     "    raise RuntimeError('patched function is gone')\n"
+     "    yield\n", "depyf failed (RuntimeError: patched function is gone)"),
+])
+def test_without_a_working_depyf_the_dump_still_happens(tmp_path, fake_depyf, note):
+    (tmp_path / "depyf").mkdir()
+    (tmp_path / "depyf" / "__init__.py").write_text(fake_depyf)
+    out = tmp_path / "dump"
+    proc = inspect("--example", "decode", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"note: {note}; the FX graphs and Inductor code were dumped without it" in proc.stdout
+    for side in ("before", "after"):
+        assert (out / side / "dynamo_graph_0.py").exists() and (out / side / "inductor_code_0.py").exists()
+    assert "_local_scalar_dense" in (out / "before" / "inductor_code_0.py").read_text() or \
+        ".item()" in (out / "before" / "inductor_code_0.py").read_text()

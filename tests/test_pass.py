@@ -307,3 +307,27 @@ def test_mirror_copy_kept_when_the_twin_is_elsewhere():
     out, backend, _ = run(step, fb, max_context_len=MCL)
     assert out.device.type == "meta"
     assert backend.report.kept and "not on meta" in backend.report.kept[0].reason
+
+
+def test_used_host_copy_is_kept_and_reported():
+    def step(x):
+        return x.cpu() * 2
+
+    out, backend, _ = run(step, torch.arange(3.0), max_context_len=MCL)
+    assert torch.equal(out, torch.arange(3.0) * 2)
+    kept = backend.report.kept
+    assert [i.kind for i in kept] == ["cpu_copy"] and "host copy is used" in kept[0].reason
+
+
+def test_checked_option_trips_the_device_assertion_past_the_bound():
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+        return torch.ops.syncfree_test.bounded_sum(table, fb.seq_lens, 4, m)
+
+    compiled = torch.compile(step, backend="syncfree", options={"max_context_len": 16, "checked": True},
+                             fullgraph=True)
+    with compile_pass._compat.capture_scalar_outputs():
+        torch.testing.assert_close(compiled(make_fb([3, 16])), step(make_fb([3, 16])))  # at the bound: fine
+        with pytest.raises(RuntimeError, match="static bound"):
+            compiled(make_fb([3, 40]))  # past it: the assertion (async on a GPU) fires

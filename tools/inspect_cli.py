@@ -140,7 +140,7 @@ def inspect(fn, args, max_context_len, page_size, out: Path, strict: bool, progr
     data["graph_breaks"] = {"before": before_breaks, "after": after_breaks}
     data["dump_dir"] = str(out)
     data["dumps"] = {"before": str(out / "before"), "after": str(out / "after")}
-    data["depyf"] = "used" if problem is None else f"not used: {problem}; FX graphs and Inductor code dumped directly"
+    data["depyf"] = {"used": problem is None, "problem": problem}
     data["table"] = str(report)
     return data
 
@@ -152,8 +152,8 @@ def render(data: dict) -> str:
              f"graph breaks:                 before {breaks['before']}  ->  after {breaks['after']}",
              f"dumps: {data['dumps']['before']} (stock), {data['dumps']['after']} (syncfree); "
              f"report: {data['dump_dir']}/report.md, report.json"]
-    if data["depyf"] != "used":
-        lines.append(f"note: depyf {data['depyf']}")
+    if not data["depyf"]["used"]:
+        lines.append(f"note: {data['depyf']['problem']}; the FX graphs and Inductor code were dumped without it")
     return "\n".join(lines)
 
 
