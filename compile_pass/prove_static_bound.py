@@ -151,7 +151,8 @@ class _Prover:
 
     def check_lengths(self, consumer_node, entry: SelfGuardingConsumer):
         if entry.lengths is None:
-            return
+            # Without a lengths argument nothing ties this max to what the consumer reads.
+            raise Unsafe(f"{entry.name} is registered without a lengths argument: the bound cannot be tied to it")
         args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
         lengths = args.get(entry.lengths)
         if not same_lengths(lengths, self.point.source, self.mirrors):

@@ -331,3 +331,18 @@ def test_checked_option_trips_the_device_assertion_past_the_bound():
         torch.testing.assert_close(compiled(make_fb([3, 16])), step(make_fb([3, 16])))  # at the bound: fine
         with pytest.raises(RuntimeError, match="static bound"):
             compiled(make_fb([3, 40]))  # past it: the assertion (async on a GPU) fires
+
+
+def test_upper_bound_of_a_consumer_without_lengths_is_kept():
+    compile_pass.register_self_guarding_consumer("syncfree_test::unguarded_sum", upper_bounds=("max_seqlen_k",))
+    try:
+        def step(fb):
+            m = fb.seq_lens.max().item()
+            return torch.ops.syncfree_test.unguarded_sum(fb.req_to_token[fb.req_pool_indices, :20], fb.seq_lens, 1, m)
+
+        fb = make_fb([3, 9])
+        out, backend, _ = run(step, fb, max_context_len=MCL)
+        torch.testing.assert_close(out, step(fb))
+        assert "without a lengths argument" in backend.report.kept[0].reason
+    finally:
+        compile_pass.unregister_self_guarding_consumer("syncfree_test::unguarded_sum")
