@@ -90,11 +90,16 @@ def _compile_and_run(fn, args, backend, options, directory: Path, progress: Prog
     from compile_pass.tools.dump import depyf_context, recording_backend, write_dump
 
     graphs: list[str] = []
-    torch._dynamo.reset()
     counters = _compat.graph_counters()
+
+    def fresh_compile():
+        torch._dynamo.reset()
+        graphs.clear()
+        extra = {"options": options} if options else {}  # a plain backend takes no options keyword
+        return torch.compile(fn, backend=recording_backend(backend, graphs), **extra)
+
+    compiled = fresh_compile()
     counters.clear()
-    compiled = torch.compile(fn, backend=recording_backend(backend, graphs), options=options) if options \
-        else torch.compile(fn, backend=recording_backend(backend, graphs))
     ctx, problem = depyf_context(directory)
     progress.step(f"compiling {label} ...")
     with warnings.catch_warnings():
@@ -106,10 +111,7 @@ def _compile_and_run(fn, args, backend, options, directory: Path, progress: Prog
             if problem is not None:
                 raise
             problem = f"depyf failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-            torch._dynamo.reset()
-            graphs.clear()
-            compiled = torch.compile(fn, backend=recording_backend(backend, graphs), options=options) if options \
-                else torch.compile(fn, backend=recording_backend(backend, graphs))
+            compiled = fresh_compile()
             with _compat.capture_scalar_outputs():
                 _, codes = _compat.run_and_get_code(compiled, *args)
     write_dump(directory, graphs, codes)
