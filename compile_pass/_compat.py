@@ -23,6 +23,25 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, config_patches: dict[st
     return _compile_fx(gm, example_inputs, config_patches=config_patches)
 
 
+def inductor_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def inductor_config_value(name: str):
+    from torch._inductor import config
+
+    return getattr(config, name, None)
+
+
+def inductor_config_fingerprint() -> str:
+    """Inductor's global config, as text: part of the key under which post-grad findings are stored."""
+    from torch._inductor import config
+
+    return repr(sorted((k, repr(v)) for k, v in config.get_config_copy().items()))
+
+
 def placeholder_source_name(node: torch.fx.Node) -> str | None:
     """Dynamo's record of where a graph input came from, e.g. "L['forward_batch'].seq_lens_cpu"."""
     grapharg = node.meta.get("grapharg")  # present while the backend runs; Dynamo drops it afterwards
@@ -39,6 +58,16 @@ def example_value(node: Any):
     if not isinstance(node, torch.fx.Node):
         return None
     return node.meta.get("example_value", node.meta.get("val"))
+
+
+def storage_id(t: torch.Tensor):
+    """An identity of the memory behind a (fake) tensor: views and aliases share it; None when unknown."""
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(t.untyped_storage()).cdata
+    except Exception:
+        return None
 
 
 def fake_mode_of(nodes) -> Any:

@@ -16,7 +16,8 @@ from . import _compat
 from .find_sync_points import is_full_max
 from .options import SyncfreeOptions
 from .page_table_rewrite import PageTableRewrite
-from .post_grad_check import SyncFreeCheck, collecting
+from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
+                              save_findings, with_existing_pass)
 from .report import SyncItem, SyncRemainsError, SyncReport, set_last_report, user_location
 
 CAPTURE_FIX = ("Dynamo breaks the graph at .item() because torch._dynamo.config.capture_scalar_outputs is off; "
@@ -75,14 +76,73 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
                       "(compile_pass.last_report() says why)", stacklevel=2)
 
     patches = opts.config_patches()
-    patches["post_grad_custom_post_pass"] = SyncFreeCheck(opts.fingerprint())
+    if opts.cudagraphs and _holds_unbacked_symbols(rewritten):
+        # A host read or a data-dependent size left in the graph: CUDA graphs would crash on it (torch's
+        # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
+        patches.pop("triton.cudagraphs", None)
+        report.notes.append(CUDAGRAPHS_OFF)
+    compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+    if has_host_reads(findings) and patches.get("triton.cudagraphs"):
+        patches.pop("triton.cudagraphs")
+        report.notes.append(CUDAGRAPHS_OFF)
+        compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+    report.post_grad = findings
+    _account_post_grad(report, findings)
+    if opts.strict and has_host_reads(findings):
+        raise SyncRemainsError([i for i in report.kept if i.host_sync],
+                               extra=f"the post-grad graph still reads the host: {findings}")
+    return compiled
+
+
+CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "
+                  "(CUDA graphs cannot hold one); it runs without CUDA graphs")
+
+
+def _holds_unbacked_symbols(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = _compat.example_value(node)
+        if value is not None:
+            try:
+                if _compat.free_unbacked_symbols(value):
+                    return True
+            except Exception:
+                return True  # cannot tell: assume the worst
+    return False
+
+
+def _compile_checked(gm, example_inputs, patches: dict, opts: SyncfreeOptions):
+    """compile_fx with the post-grad check; its findings come from the check, or from the store on an
+    FX-graph-cache hit, or from one more compile without the cache."""
+    check = SyncFreeCheck(opts.fingerprint())
+    patches = {**patches, "post_grad_custom_post_pass": with_existing_pass(check, patches)}
+    key = findings_key(check, gm, example_inputs, patches)
     findings: dict = {}
     with collecting(findings):
-        compiled = _compat.compile_fx(rewritten, example_inputs, patches)
-    report.post_grad = dict(findings) if findings else None
-    if opts.strict and findings and (findings["local_scalar_dense"] or findings["unbacked_symbols"]):
-        raise SyncRemainsError([], extra=f"the post-grad graph still reads the host: {findings}")
-    return compiled
+        compiled = _compat.compile_fx(gm, example_inputs, patches)
+    if not findings:
+        stored = load_findings(key)
+        if stored is not None:
+            return compiled, stored
+        with collecting(findings):
+            compiled = _compat.compile_fx(gm, example_inputs, {**patches, "fx_graph_cache": False})
+    save_findings(key, findings)
+    return compiled, dict(findings)
+
+
+def _account_post_grad(report: SyncReport, findings: dict) -> None:
+    """Every host read the post-grad check finds is in the report, whether or not the pass recognised it."""
+    known = {i.location for i in report.kept}
+    for location in findings.get("reads", []):
+        if location not in known:
+            report.kept.append(SyncItem("post_grad", location,
+                                        "kept: a host read (_local_scalar_dense) found in the post-grad graph, in "
+                                        "a form the pass does not recognise"))
+            known.add(location)
+    if findings.get("unbacked_symbols") and not any(i.host_sync for i in report.kept) \
+            and not findings.get("reads"):
+        report.kept.append(SyncItem("post_grad", "<unknown>",
+                                    "kept: data-dependent sizes remain in the post-grad graph "
+                                    f"({', '.join(findings['unbacked_symbols'])})"))
 
 
 _TORCH_COMPILE_KWARGS = {"fullgraph", "dynamic", "disable"}

@@ -1,7 +1,9 @@
 """Find host-sync points in a Dynamo FX graph, each with its kind and the user's source line.
 
 Shapes matched (Dynamo with capture_scalar_outputs on):
-    max_1 = seq_lens.max();  item = max_1.item()                         kind "item"   (also int(t), torch.max(t), .amax())
+    max_1 = seq_lens.max();  item = max_1.item()                         kind "item"   (also int(t), torch.max(t), .amax(),
+                                                                                       .max(dim=0).values)
+    wrapped_max(a); wrapped_item(...)   (numpy: int(t.numpy().max()))    kind "numpy"
     getitem_i = seq_lens[i]; item_i = getitem_i.item(); sym_max(...)     kind "tolist" (max(seq_lens.tolist()))
     x.cpu() / x.to("cpu") / x.numpy()                                    kind "cpu_copy"
     placeholder with source L['fb'].seq_lens_cpu                         kind "cpu_mirror"
@@ -46,19 +48,57 @@ def _where(node: torch.fx.Node) -> tuple[str, str]:
     return user_location(node.meta.get("stack_trace")), _code_line(node)
 
 
-def is_full_max(node) -> bool:
-    """`t.max()`, `t.amax()`, `torch.max(t)`, `torch.amax(t)`: a max over every element."""
-    if not isinstance(node, torch.fx.Node) or len(node.args) != 1:
-        return False
-    if any(v is not None for v in node.kwargs.values()):
-        return False
+def _callable_name(node: torch.fx.Node) -> str:
+    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+
+
+def max_source(node):
+    """The tensor whose every element a max node reduces, or None.
+
+    `t.max()`, `t.amax()`, `torch.max(t)`, `torch.amax(t)`, a numpy `a.max()` (Dynamo's `wrapped_max`), and for
+    a 1-D t `t.max(dim=0).values` / `torch.max(t, 0)[0]`.
+    """
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0:
+        inner = node.args[0]
+        if not isinstance(inner, torch.fx.Node) or not _is_max_call(inner):
+            return None
+        dims = list(inner.args[1:]) + [inner.kwargs.get("dim")]
+        dims = [d for d in dims if d is not None]
+        source = inner.args[0]
+        shape = getattr(example_value(source), "shape", None)
+        if len(dims) == 1 and dims[0] in (0, -1) and shape is not None and len(shape) == 1 \
+                and not inner.kwargs.get("keepdim", False):
+            return source
+        return None
+    if len(node.args) != 1 or any(v is not None for v in node.kwargs.values()):
+        return None
+    if _is_max_call(node) or _callable_name(node) in ("wrapped_max", "wrapped_amax"):
+        source = node.args[0]
+        # numpy: Dynamo reads a CPU tensor as an array through `t.view_as(t)`
+        if isinstance(source, torch.fx.Node) and source.op == "call_method" and source.target == "view_as":
+            source = source.args[0]
+        return source if isinstance(source, torch.fx.Node) else None
+    return None
+
+
+def _is_max_call(node: torch.fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in ("max", "amax")
     return node.op == "call_function" and node.target in (torch.max, torch.amax)
 
 
+def is_full_max(node) -> bool:
+    """A max over every element of a tensor (see max_source)."""
+    return max_source(node) is not None
+
+
 def is_item(node) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target == "item"
+    """`t.item()`, `int(t)` and a numpy scalar read (Dynamo's `wrapped_item`): a host read of one value."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    return (node.op == "call_method" and node.target == "item") or _callable_name(node) == "wrapped_item"
 
 
 def _is_cpu_device(value) -> bool:
@@ -92,7 +132,9 @@ def attribute_name(source_name: str | None) -> str | None:
 def find_cpu_mirrors(graph: torch.fx.Graph, mirrors: dict[str, str]) -> dict[torch.fx.Node, torch.fx.Node | None]:
     """CPU-mirror placeholders mapped to their device twins (None when the twin does not reach the graph).
 
-    A mirror is an input whose attribute name ends in `_cpu` or is named in `mirrors` (mirror -> twin).
+    A mirror is an input on the CPU whose attribute name ends in `_cpu` or is named in `mirrors` (mirror ->
+    twin); a name alone is not enough. Its twin is the input of the paired name when that has the same shape
+    and an integer dtype like the mirror's; otherwise the mirror has no twin (None).
     """
     by_source = {}
     for node in graph.nodes:
@@ -111,13 +153,24 @@ def find_cpu_mirrors(graph: torch.fx.Graph, mirrors: dict[str, str]) -> dict[tor
             twin_attr = attr[: -len("_cpu")]
         else:
             continue
+        value = example_value(node)
+        if getattr(getattr(value, "device", None), "type", None) != "cpu":
+            continue  # named like a mirror, but not on the host: reading it is a device sync
         prefix = source[: len(source) - len(attr)]
         if prefix.endswith("['"):
             twin_source = prefix + twin_attr + "']"
         else:
             twin_source = prefix + twin_attr
-        found[node] = by_source.get(twin_source)
+        twin = by_source.get(twin_source)
+        twin_value = example_value(twin)
+        if twin is not None and (getattr(twin_value, "shape", None) != value.shape
+                                 or value.dtype not in _INT or getattr(twin_value, "dtype", None) not in _INT):
+            twin = None
+        found[node] = twin
     return found
+
+
+_INT = (torch.int32, torch.int64)
 
 
 def _tolist_max(node: torch.fx.Node):
@@ -176,11 +229,20 @@ def find_sync_points(graph: torch.fx.Graph, mirrors: dict[torch.fx.Node, torch.f
             inner = node.args[0]
             members = [node]
             source = None
-            if is_full_max(inner) and isinstance(inner.args[0], torch.fx.Node):
-                source = inner.args[0]
+            source = max_source(inner)
+            if source is not None:
                 members = [inner, node]
+                if inner.op == "call_function" and inner.target is operator.getitem:
+                    members = [inner.args[0], inner, node]  # t.max(dim=0) -> [0] -> item
+                if _callable_name(inner) in ("wrapped_max", "wrapped_amax") and inner.args[0] is not source:
+                    members = [inner.args[0]] + members  # numpy's view_as
             base = source if source is not None else inner
-            kind = "cpu_mirror" if base in mirrors else "item"
+            if base in mirrors:
+                kind = "cpu_mirror"
+            elif _callable_name(node) == "wrapped_item":
+                kind = "numpy"
+            else:
+                kind = "item"
             loc, code = _where(node)
             points.append(SyncPoint(kind, node, members, source, not host_resident(base), loc, code))
             claimed.update(members)

@@ -1,27 +1,28 @@
 """PageTableRewrite: the sync-removal pass over a Dynamo FX graph.
 
-Before (Dynamo, capture_scalar_outputs on):
+Before (Dynamo, capture_scalar_outputs on; B requests, a [R, T] token table, page size 16):
 
-    max_1 = l_fb_seq_lens.max()
-    item = max_1.item()                                              # device-to-host sync
-    getitem = l_fb_req_to_token[(l_fb_req_pool_indices, slice(None, item, 16))]
-    sym_size_int = torch.ops.aten.sym_size.int(getitem, 1)            # bounds of the unbacked width
-    _assert_scalar_default = torch.ops.aten._assert_scalar.default(sym_size_int >= 0, ...)
-    floordiv = getitem // 16
+    max_1 = l_fb_seq_lens.max()                                             # [] int64
+    item = max_1.item()                                                     # Sym(u0): device-to-host sync
+    getitem = l_fb_req_to_token[(l_fb_req_pool_indices, slice(None, item, 16))]   # [B, u1] int32
+    sym_size_int = torch.ops.aten.sym_size.int(getitem, 1)                  # Dynamo's bounds on u1:
+    _assert_scalar_default = torch.ops.aten._assert_scalar.default(sym_size_int >= 0, ...)   # 0 <= u1 <= T/16
+    floordiv = getitem // 16                                                # [B, u1]
     page_table = floordiv.to(torch.int32)
-    cache_seqlens = l_fb_seq_lens.to(torch.int32)
+    cache_seqlens = l_fb_seq_lens.to(torch.int32)                           # [B]
     out = torch.ops.syncfree.paged_decode(q, k, v, page_table, cache_seqlens)
 
 After (max_context_len=4096):
 
     cache_seqlens = l_fb_seq_lens.to(torch.int32)
     page_table = torch.ops.syncfree.page_table.default(
-        l_fb_req_to_token, l_fb_req_pool_indices, cache_seqlens, 16, 256)   # static width, device-built
+        l_fb_req_to_token, l_fb_req_pool_indices, cache_seqlens, 16, 256)   # [B, 256] int32, built on the device
     out = torch.ops.syncfree.paged_decode(q, k, v, page_table, cache_seqlens)
 
 A max is rewritten only when `prove_static_bound` accepts every use. Upper-bound arguments
-(`max_seqlen_k=item`) become the static bound. A kept max stays exactly as eager computes it.
-Also: `X_cpu.to(device)` becomes the device twin `X`, and unused host copies are erased.
+(`max_seqlen_k=item`) become the static bound. Consumers of one table that guard by different lengths get a
+table each. A kept max stays exactly as eager computes it. With checked=True each rewrite asserts on the device
+that every length is within the bound that replaced the max (`aten._assert_async`, no host sync).
 """
 
 from __future__ import annotations
@@ -30,40 +31,36 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of
-from .consumers import bind_arguments, lookup_consumer, schema_argument_names
+from .consumers import lookup_consumer, schema_argument_names
 from .find_sync_points import SyncPoint, find_cpu_mirrors, find_sync_points
 from .options import SyncfreeOptions
 from .prove_static_bound import GatherPlan, Proof, prove_static_bound
-from .report import SyncItem, SyncReport, user_location
+from .report import SyncItem, SyncReport, node_location
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _erase_if_dead(graph: torch.fx.Graph, nodes) -> None:
-    for node in sorted(set(nodes), key=_order(graph), reverse=True):
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    for node in sorted(set(nodes), key=lambda n: index.get(n, -1), reverse=True):
         if node.graph is graph and not node.users:
             graph.erase_node(node)
 
 
-def _order(graph):
-    index = {n: i for i, n in enumerate(graph.nodes)}
-    return lambda n: index.get(n, -1)
-
-
-def _insert_page_table(graph: torch.fx.Graph, plan: GatherPlan, lengths_of, max_pages: int, checked: bool):
-    first = min((c for c, _ in plan.consumers), key=_order(graph))
-    lengths = lengths_of(first, plan.consumers[0][1])
-    with graph.inserting_before(first):
-        node = graph.call_function(
-            torch.ops.syncfree.page_table.default,
-            (plan.req_to_token, plan.req_pool_indices, lengths, plan.page_size, max_pages, checked),
-        )
-    node.meta["stack_trace"] = plan.chain[0].meta.get("stack_trace")
-    mode = fake_mode_of([plan.req_to_token, plan.req_pool_indices, lengths])
+def _call(graph: torch.fx.Graph, before: torch.fx.Node, target, args: tuple, like: torch.fx.Node, **kwargs):
+    """Insert `target(*args, **kwargs)` before `before`, with a fake example value (Inductor's pre-grad passes
+    read it)."""
+    with graph.inserting_before(before):
+        node = graph.call_function(target, args, kwargs)
+    node.meta["stack_trace"] = like.meta.get("stack_trace")
+    inputs = [a for a in args if isinstance(a, torch.fx.Node)]
+    mode = fake_mode_of(inputs)
     if mode is not None:
-        args = [example_value(a) for a in (plan.req_to_token, plan.req_pool_indices, lengths)]
+        values = tuple(example_value(a) if isinstance(a, torch.fx.Node) else a for a in args)
         with mode:
-            node.meta["example_value"] = torch.ops.syncfree.page_table.default(
-                *args, plan.page_size, max_pages, checked
-            )
+            node.meta["example_value"] = target(*values, **kwargs)
     return node
 
 
@@ -73,6 +70,15 @@ def _set_argument(node: torch.fx.Node, name: str, value) -> None:
         return
     index = schema_argument_names(lookup_consumer(node.target).name).index(name)
     node.update_arg(index, value)
+
+
+def _insert_bound_check(graph, before: torch.fx.Node, lengths: torch.fx.Node, limit: int, bound: int) -> None:
+    """Device-side: every length <= limit, i.e. the max that `bound` replaced was <= bound. No host read."""
+    message = (f"syncfree: a sequence length exceeds the static bound that replaced its max "
+               f"(max_context_len={bound}) at {node_location(before)}")
+    within = _call(graph, before, torch.ops.aten.le.Scalar, (lengths, limit), before)
+    every = _call(graph, before, torch.ops.aten.all.default, (within,), before)
+    _call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
 
 
 class PageTableRewrite:
@@ -86,9 +92,7 @@ class PageTableRewrite:
         report = SyncReport(options=self.options.to_dict())
         mirrors = find_cpu_mirrors(graph, dict(self.options.cpu_mirrors))
         points = find_sync_points(graph, mirrors)
-
-        def lengths_of(consumer_node, entry):
-            return bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)[entry.lengths]
+        kept_values = set()
 
         for point in points:
             if point.kind == "cpu_copy":
@@ -97,19 +101,80 @@ class PageTableRewrite:
             if self.options.max_context_len is None:
                 item.reason = ("kept: options['max_context_len'] is missing, so no static bound exists "
                                "(pass options={'max_context_len': N})")
-                report.kept.append(item)
-                continue
-            proof = prove_static_bound(point, mirrors, self.options.page_size)
-            if not proof.safe:
+            else:
+                proof = prove_static_bound(graph, point, mirrors, self.options.page_size)
+                if proof.safe:
+                    item.reason = self._rewrite(graph, point, proof)
+                    report.rewritten.append(item)
+                    continue
                 item.reason = "kept: " + proof.reason
-                if not point.host_sync:
-                    item.reason += " (a host read of a CPU mirror: no device sync)"
-                report.kept.append(item)
-                continue
-            item.reason = self._rewrite(graph, point, proof, lengths_of)
-            report.rewritten.append(item)
+            if not point.host_sync:
+                item.reason += " (a host read of a CPU mirror: no device sync)"
+            report.kept.append(item)
+            kept_values.add(point.value)
 
-        self._move_mirror_reads(graph, mirrors, report)
+        self._report_host_copies(graph, points, mirrors, report)
+        # What is really left: a rewrite that left a host read behind must not be counted as removed.
+        for point in find_sync_points(graph, mirrors):
+            if point.kind != "cpu_copy" and point.value not in kept_values:
+                report.kept.append(SyncItem(point.kind, point.location,
+                                            "kept: still in the graph after the rewrite", point.host_sync,
+                                            point.code))
+        # No graph-wide DCE: FX does not know that every in-place op is impure.
+        graph.lint()
+        gm.recompile()
+        return report
+
+    def _rewrite(self, graph, point: SyncPoint, proof: Proof) -> str:
+        bound = self.options.max_context_len
+        parts = []
+        for swap in proof.swaps:
+            replacement = swap.twin
+            want = getattr(example_value(swap.copy), "dtype", None)
+            if getattr(example_value(swap.twin), "dtype", None) != want:
+                replacement = _call(graph, swap.consumer, torch.ops.aten._to_copy.default, (swap.twin,), swap.copy,
+                                    dtype=want)
+            _set_argument(swap.consumer, swap.argument, replacement)
+            for plan in proof.gathers:
+                for group in plan.groups:
+                    if group.lengths is swap.copy and any(c is swap.consumer for c, _ in group.consumers):
+                        group.lengths = replacement
+            for b in proof.bounds:
+                if b.consumer is swap.consumer and b.lengths is swap.copy:
+                    b.lengths = replacement
+            parts.append(f"lengths read from the device twin {swap.twin.name}")
+        checks: dict[tuple, torch.fx.Node] = {}
+        for plan in proof.gathers:
+            max_pages = max(1, ceil_div(bound + plan.offset, plan.page_size))
+            for group in plan.groups:
+                first = group.consumers[0][0]
+                table = _call(graph, first, torch.ops.syncfree.page_table.default,
+                              (plan.req_to_token, plan.req_pool_indices, group.lengths, plan.page_size, max_pages,
+                               False), plan.chain[0])
+                for consumer, entry in group.consumers:
+                    _set_argument(consumer, entry.page_table, table)
+                checks.setdefault((group.lengths, bound + group.length_offset), first)
+            _erase_if_dead(graph, plan.bookkeeping)
+            _erase_if_dead(graph, plan.chain)
+            parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size})")
+        for b in proof.bounds:
+            value = bound + b.offset
+            _set_argument(b.consumer, b.argument, value)
+            checks.setdefault((b.lengths, bound + b.length_offset), b.consumer)
+            parts.append(f"{b.argument} -> {value}")
+        if self.options.checked:
+            for (lengths, limit), before in checks.items():
+                _insert_bound_check(graph, before, lengths, limit, bound)
+            parts.append("lengths asserted on the device")
+        _erase_if_dead(graph, proof.offsets)
+        _erase_if_dead(graph, [point.value] + point.nodes)
+        for swap in proof.swaps:
+            _erase_if_dead(graph, [swap.copy])
+        return "rewritten: " + "; ".join(parts)
+
+    @staticmethod
+    def _report_host_copies(graph, points, mirrors, report: SyncReport) -> None:
+        """Unused host copies are erased; used ones, and uploads of a CPU mirror, are kept and reported."""
         for point in points:
             if point.kind != "cpu_copy" or point.value.graph is not graph:
                 continue
@@ -121,60 +186,13 @@ class PageTableRewrite:
                 report.kept.append(SyncItem("cpu_copy", point.location,
                                             "kept: the host copy is used (the caller or host code needs it)",
                                             point.host_sync, point.code))
-        # No graph-wide DCE: FX does not know in-place methods (index_copy_ into the KV pool) are impure.
-        graph.lint()
-        gm.recompile()
-        return report
-
-    def _rewrite(self, graph, point: SyncPoint, proof: Proof, lengths_of) -> str:
-        bound = self.options.max_context_len
-        parts = []
-        for plan in proof.gathers:
-            limit = bound + plan.offset
-            max_pages = max(1, -(-limit // plan.page_size))
-            new = _insert_page_table(graph, plan, lengths_of, max_pages, self.options.checked)
-            plan.terminal.replace_all_uses_with(new)
-            _erase_if_dead(graph, plan.bookkeeping)
-            _erase_if_dead(graph, plan.chain)
-            parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size})")
-        for b in proof.bounds:
-            value = bound + b.offset
-            _set_argument(b.consumer, b.argument, value)
-            parts.append(f"{b.argument} -> {value}")
-        _erase_if_dead(graph, proof.offsets)
-        _erase_if_dead(graph, [point.value] + point.nodes)
-        return "rewritten: " + "; ".join(parts)
-
-    @staticmethod
-    def _move_mirror_reads(graph, mirrors, report: SyncReport) -> None:
-        """`X_cpu.to(device)` / `X_cpu.cuda()` become the device twin X (with X's dtype cast if needed)."""
-        for mirror, twin in mirrors.items():
-            for user in list(mirror.users):
-                if user.op != "call_method" or user.target not in ("to", "cuda"):
+        for mirror in mirrors:
+            for user in mirror.users:
+                device = getattr(example_value(user), "device", None)
+                if user.op != "call_method" or user.target not in ("to", "cuda") or device is None \
+                        or device.type == "cpu":
                     continue
-                moved = [a for a in list(user.args[1:]) + list(user.kwargs.values())
-                         if isinstance(a, (str, torch.device)) and torch.device(a).type != "cpu"]
-                if user.target == "to" and not moved:
-                    continue
-                loc = user_location(user.meta.get("stack_trace"))
-                if twin is None:
-                    report.kept.append(SyncItem("cpu_mirror", loc,
-                                                "kept: a CPU mirror copied to the device, and its device twin "
-                                                "does not reach the graph (name it in options['cpu_mirrors'])",
-                                                False))
-                    continue
-                want, have = example_value(user), example_value(twin)
-                if getattr(want, "device", None) != getattr(have, "device", None):
-                    report.kept.append(SyncItem("cpu_mirror", loc,
-                                                f"kept: the device twin {twin.name} is on {getattr(have, 'device', '?')}, "
-                                                f"not on {getattr(want, 'device', '?')} where the copy goes", False))
-                    continue
-                replacement = twin
-                if getattr(want, "dtype", None) is not None and getattr(have, "dtype", None) != want.dtype:
-                    with graph.inserting_before(user):
-                        replacement = graph.call_method("to", (twin, want.dtype))
-                    replacement.meta.update(user.meta)
-                user.replace_all_uses_with(replacement)
-                graph.erase_node(user)
-                report.rewritten.append(SyncItem("cpu_mirror", loc, f"rewritten: read from the device twin {twin.name}",
-                                                 True))
+                report.kept.append(SyncItem(
+                    "cpu_mirror", node_location(user),
+                    f"kept: {mirror.name} (a CPU tensor) is copied to {device}; only a rewritten consumer's lengths "
+                    "read the device twin instead", device.type == "cuda"))

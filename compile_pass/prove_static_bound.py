@@ -1,13 +1,14 @@
-"""The safety proof: may a dynamic max be replaced by the static bound? (DESIGN.md, "The safety rule")
+"""The safety proof: may a dynamic max be replaced by the static bound? (docs/design.md, "The safety rule")
 
-Every use of the max `m` must be one of
-  1. the stop of a page-table gather `X[rpi, :m:ps] // ps` (casts allowed) whose result reaches only the
-     page-table argument of self-guarding consumers;
+It reasons about values, not graph nodes. Every use of the max `m` must be one of
+  1. the stop of a page-table gather `X[rpi, :m:ps] // ps` (value-keeping int32/int64 casts allowed) whose
+     result reaches only the page-table argument of self-guarding consumers;
   2. an upper-bound argument of a self-guarding consumer (max_seqlen_k, ...);
-  3. `m + c` / `m - c` for a constant c, feeding 1 or 2.
-and every such consumer's lengths argument must be the very tensor whose max `m` is (through casts, or the
-CPU mirror <-> device twin pair), so the bound holds for exactly what the consumer reads. Anything else keeps
-the max, with the reason.
+  3. `m + c` for a constant c >= 0, feeding 1 or 2 (never `m - c`: that is no upper bound);
+every such consumer's lengths must hold the values the max was taken over (value-keeping casts and device
+copies of the same tensor, `x + k` with 0 <= k <= c, or the declared CPU mirror <-> device twin pair), and
+nothing may write in place to the lengths, the token table, the request indices or an alias of them between
+the max, the gather and the consumers. Anything else keeps the max, with the reason.
 """
 
 from __future__ import annotations
@@ -21,26 +22,35 @@ import torch.fx
 from ._compat import example_value
 from .consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
 from .find_sync_points import SyncPoint
-from .report import user_location
+from .mutations import first_write
+from .report import node_location
 
-_CASTS = {"to", "int", "long", "type", "contiguous"}
+_INT = (torch.int32, torch.int64)
 _COMPARES = {operator.ge, operator.le, operator.gt, operator.lt, operator.eq, operator.ne}
 _ASSERTS = {torch.ops.aten._assert_scalar.default}
-try:
-    _ASSERTS.add(torch._check)  # some versions spell runtime asserts as torch._check in Dynamo graphs
-except AttributeError:  # pragma: no cover
-    pass
+_KEEP_VALUE_METHODS = {"to", "type", "int", "long", "contiguous", "clone", "cuda", "cpu"}
+_ARITHMETIC = {operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow, operator.neg,
+               operator.add, operator.sub, torch.sym_max, torch.sym_min}
+
+
+@dataclasses.dataclass
+class ConsumerGroup:
+    """Consumers of one page table that guard by the same lengths node: one rebuilt table serves them."""
+
+    lengths: torch.fx.Node
+    consumers: list[tuple[torch.fx.Node, SelfGuardingConsumer]]
+    length_offset: int  # lengths = (values the max was taken over) + length_offset
 
 
 @dataclasses.dataclass
 class GatherPlan:
     chain: list[torch.fx.Node]  # gather, step slice, floordiv, casts (graph order); the last feeds consumers
-    consumers: list[tuple[torch.fx.Node, SelfGuardingConsumer]]
+    groups: list[ConsumerGroup]
     req_to_token: torch.fx.Node
     req_pool_indices: torch.fx.Node
     page_size: int
     offset: int
-    bookkeeping: list[torch.fx.Node]  # sym_size / compare / _assert_scalar nodes about the dynamic width
+    bookkeeping: list[torch.fx.Node]  # Dynamo's own sym_size / compare / _assert_scalar nodes on the width
 
     @property
     def terminal(self) -> torch.fx.Node:
@@ -52,6 +62,18 @@ class BoundPlan:
     consumer: torch.fx.Node
     argument: str
     offset: int
+    lengths: torch.fx.Node
+    length_offset: int
+
+
+@dataclasses.dataclass
+class MirrorSwap:
+    """The consumer's lengths are a device copy of the CPU mirror: read the device twin instead."""
+
+    consumer: torch.fx.Node
+    argument: str
+    copy: torch.fx.Node  # the consumer's lengths argument (the copy, or a value-keeping cast of it)
+    twin: torch.fx.Node
 
 
 @dataclasses.dataclass
@@ -61,14 +83,18 @@ class Proof:
     gathers: list[GatherPlan] = dataclasses.field(default_factory=list)
     bounds: list[BoundPlan] = dataclasses.field(default_factory=list)
     offsets: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # the m + c nodes
+    swaps: list[MirrorSwap] = dataclasses.field(default_factory=list)
 
 
 class Unsafe(Exception):
     """A use that the safety rule does not allow; its message is the report's reason."""
 
 
-_ARITHMETIC = {operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow, operator.neg,
-               operator.add, operator.sub, torch.sym_max, torch.sym_min}
+def describe_use(user: torch.fx.Node) -> str:
+    if user.op == "output":
+        return "the graph output (returned to the caller)"
+    what = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", str(user.target))
+    return f"`{what}` at {node_location(user)}"
 
 
 def why_not(user: torch.fx.Node, what: str) -> str:
@@ -78,6 +104,8 @@ def why_not(user: torch.fx.Node, what: str) -> str:
         return f"{what} reaches {where}"
     if user.op == "call_function" and user.target in _ARITHMETIC:
         return f"{what} is used in arithmetic that is not a bound ({where})"
+    if user.op == "call_function" and user.target in _COMPARES:
+        return f"{what} is compared ({where}), e.g. in a user assertion, which must keep its value"
     if user.op == "call_function" and isinstance(user.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"{what} reaches {where}, which is not a registered self-guarding consumer"
     if what == "the max":
@@ -85,56 +113,70 @@ def why_not(user: torch.fx.Node, what: str) -> str:
     return f"{what} reaches {where}, not a self-guarding consumer"
 
 
-def describe_use(user: torch.fx.Node) -> str:
-    if user.op == "output":
-        return "the graph output (returned to the caller)"
-    what = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", str(user.target))
-    return f"`{what}` at {user_location(user.meta.get('stack_trace'))}"
+def _dtype(node):
+    return getattr(example_value(node), "dtype", None)
 
 
-def strip_casts(node):
-    while isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in _CASTS:
-        if any(isinstance(a, (str, torch.device)) for a in list(node.args[1:]) + list(node.kwargs.values())):
-            break  # a device move is not a cast
-        node = node.args[0]
-    return node
+def _device(node):
+    return getattr(example_value(node), "device", None)
 
 
-def same_lengths(lengths, source, mirrors) -> bool:
-    """Is the consumer's lengths tensor the tensor whose max was taken (casts, mirror/twin aside)?"""
-    a = strip_casts(lengths)
-    b = strip_casts(source)
-    if a is b:
-        return True
-    # seq_lens_cpu.to(device) reads the mirror through a copy
-    for x, y in ((a, b), (b, a)):
-        if isinstance(x, torch.fx.Node) and x.op == "call_method" and x.target in ("to", "cuda"):
-            x = x.args[0]
-        if x is y or mirrors.get(x) is y or mirrors.get(y) is x:
-            return True
-    return False
-
-
-def _consumer_of(node: torch.fx.Node):
-    if node.op != "call_function":
+def value_kept_input(node, allow_moves: bool = False):
+    """If `node` is a unary op that keeps every value of its input (an int32/int64 cast, contiguous, clone,
+    and with allow_moves a device copy), that input; else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
         return None
-    return lookup_consumer(node.target)
-
-
-def _bookkeeping(node: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """Nodes that only bound a dynamic width (sym_size -> compare -> _assert_scalar), or None."""
-    if node.op != "call_function" or node.target is not torch.ops.aten.sym_size.int:
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node):
         return None
-    found = [node]
-    for cmp in node.users:
-        if cmp.op != "call_function" or cmp.target not in _COMPARES:
-            return None
-        found.append(cmp)
-        for check in cmp.users:
-            if check.op != "call_function" or check.target not in _ASSERTS:
-                return None
-            found.append(check)
-    return found
+    if _dtype(node) not in _INT or _dtype(source) not in _INT:
+        return None
+    out, inp = example_value(node), example_value(source)
+    if getattr(out, "shape", None) != getattr(inp, "shape", None):
+        return None
+    if not allow_moves and _device(node) != _device(source):
+        return None
+    return source
+
+
+def strip_kept_values(node, allow_moves: bool = False) -> tuple:
+    """(root, nodes passed through): follow value-keeping ops down to the tensor they copy."""
+    passed = []
+    while True:
+        inner = value_kept_input(node, allow_moves)
+        if inner is None:
+            return node, passed
+        passed.append(node)
+        node = inner
+
+
+def _constant_add(node):
+    """`x + k` / `k + x` / `x.add(k)` / `torch.add(x, k)` on an int tensor with an int k: (x, k), else None."""
+    if not isinstance(node, torch.fx.Node) or _dtype(node) not in _INT:
+        return None
+    if node.op == "call_function" and node.target in (operator.add, torch.add):
+        a, b = (node.args + (None,))[:2]
+    elif node.op == "call_method" and node.target in ("add", "__add__", "__radd__"):
+        a, b = (node.args + (None,))[:2]
+    else:
+        return None
+    if node.kwargs and node.kwargs != {"alpha": 1}:
+        return None
+    for x, k in ((a, b), (b, a)):
+        if isinstance(x, torch.fx.Node) and isinstance(k, int) and not isinstance(k, bool):
+            return x, k
+    return None
+
+
+def _is_gather(user: torch.fx.Node, m: torch.fx.Node) -> bool:
+    if user.op != "call_function" or user.target is not operator.getitem:
+        return False
+    index = user.args[1]
+    return (
+        isinstance(index, tuple) and len(index) == 2 and isinstance(index[0], torch.fx.Node)
+        and isinstance(index[1], slice) and index[1].start in (None, 0) and index[1].stop is m
+        and index[1].step is not m and index[0] is not m
+    )
 
 
 def _int_arg(node: torch.fx.Node, index: int):
@@ -142,77 +184,196 @@ def _int_arg(node: torch.fx.Node, index: int):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
+    """The constant of `node // c`, `node.floor_divide(c)`, `torch.div(node, c, rounding_mode="floor")`."""
+    if nxt.args[:1] != (node,):
+        return None
+    if nxt.op == "call_function" and nxt.target is operator.floordiv:
+        return _int_arg(nxt, 1)
+    if nxt.op == "call_method" and nxt.target in ("__floordiv__", "floor_divide"):
+        return _int_arg(nxt, 1)
+    if nxt.op in ("call_method", "call_function") and nxt.target in ("div", torch.div) \
+            and nxt.kwargs.get("rounding_mode") == "floor":
+        return _int_arg(nxt, 1)
+    return None
+
+
+def _column_step(nxt: torch.fx.Node, node: torch.fx.Node):
+    """The step of `node[:, ::step]`, or None."""
+    if nxt.op != "call_function" or nxt.target is not operator.getitem or nxt.args[0] is not node:
+        return None
+    index = nxt.args[1]
+    if not (isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None)):
+        return None
+    cols = index[1]
+    if isinstance(cols, slice) and cols.start in (None, 0) and cols.stop is None and isinstance(cols.step, int):
+        return cols.step
+    return None
+
+
+def _true_for_any_width(compare: torch.fx.Node, sym: torch.fx.Node, most: int) -> bool:
+    """Is `compare` (on a width known to lie in [0, most]) true whatever the width? Only such checks are
+    Dynamo's own bookkeeping; a user's check on the width must keep its meaning."""
+    a, b = compare.args[:2]
+    if b is sym and a is not sym:  # normalise `k op w` to `w op' k`
+        flip = {operator.ge: operator.le, operator.le: operator.ge, operator.gt: operator.lt, operator.lt: operator.gt}
+        if compare.target not in flip:
+            return False
+        op, k = flip[compare.target], a
+    elif a is sym:
+        op, k = compare.target, b
+    else:
+        return False
+    if not isinstance(k, int) or isinstance(k, bool):
+        return False
+    return ((op is operator.ge and k <= 0) or (op is operator.gt and k < 0)
+            or (op is operator.le and k >= most) or (op is operator.lt and k > most))
+
+
 class _Prover:
-    def __init__(self, point: SyncPoint, mirrors, page_size_option: int | None):
+    def __init__(self, graph: torch.fx.Graph, point: SyncPoint, mirrors, page_size_option: int | None):
+        self.graph = graph
         self.point = point
         self.mirrors = mirrors
         self.page_size_option = page_size_option
         self.proof = Proof(True, "")
+        self.source_root, self.source_chain = strip_kept_values(point.source, allow_moves=True)
+        self.first = min(point.nodes, key=self._index)
 
-    def check_lengths(self, consumer_node, entry: SelfGuardingConsumer):
+    def _index(self, node):
+        if not hasattr(self, "_order"):
+            self._order = {n: i for i, n in enumerate(self.graph.nodes)}
+        return self._order.get(node, -1)
+
+    # -- lengths: the values a consumer guards by ---------------------------------------------------------
+    def relate_lengths(self, consumer_node, entry: SelfGuardingConsumer, offset: int):
+        """(lengths node, k) with lengths = values the max was taken over + k, 0 <= k <= offset; else Unsafe."""
         if entry.lengths is None:
-            # Without a lengths argument nothing ties this max to what the consumer reads.
             raise Unsafe(f"{entry.name} is registered without a lengths argument: the bound cannot be tied to it")
-        args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
-        lengths = args.get(entry.lengths)
-        if not same_lengths(lengths, self.point.source, self.mirrors):
+        lengths = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs).get(entry.lengths)
+        if not isinstance(lengths, torch.fx.Node) or _dtype(lengths) not in _INT:
+            raise Unsafe(f"{entry.name}'s {entry.lengths} is not an int32/int64 tensor of the graph")
+        node, k, chain = lengths, 0, []
+        while True:
+            root, passed = strip_kept_values(node, allow_moves=True)
+            chain += passed
+            add = _constant_add(root)
+            if add is None:
+                break
+            chain.append(root)
+            node, step = add
+            if step < 0:
+                raise Unsafe(f"{entry.name}'s {entry.lengths} is the lengths minus {-step}: not what the max bounds")
+            k += step
+        twin_used = None
+        if root is not self.source_root:
+            if self.mirrors.get(self.source_root) is root:
+                twin_used = root  # max over the CPU mirror, lengths from its device twin
+            elif self.mirrors.get(root) is self.source_root:
+                twin_used = root  # max over the twin, lengths from the mirror
+            else:
+                raise Unsafe(
+                    f"{entry.name}'s {entry.lengths} ({lengths.name}) does not hold the values the max was taken "
+                    f"over ({self.point.source.name}): the bound would not guard it"
+                )
+        if k > offset:
+            raise Unsafe(f"{entry.name}'s {entry.lengths} exceed the max by {k} but the bound adds only {offset}")
+        self.check_no_writes(consumer_node, [self.source_root, *self.source_chain, root, *chain, lengths],
+                             "the lengths", start=min([self.first, *chain, *self.source_chain], key=self._index))
+        if twin_used is not None:
+            mirror = root if root in self.mirrors else self.source_root
+            self.check_no_writes(consumer_node, [mirror, self.mirrors.get(mirror)], "the CPU mirror or its twin",
+                                 start=None)
+        self.maybe_swap_mirror_copy(consumer_node, entry.lengths, lengths, chain)
+        return lengths, k
+
+    def maybe_swap_mirror_copy(self, consumer_node, argument, lengths, chain):
+        """`cache_seqlens = seq_lens_cpu.to(dev)`: the rewrite may read the device twin instead of copying."""
+        if any(_constant_add(n) for n in chain):
+            return
+        for node in chain:
+            inner = node.args[0]
+            if node.target in ("to", "cuda") and inner in self.mirrors and self.mirrors[inner] is not None \
+                    and _device(self.mirrors[inner]) == _device(lengths) and _device(inner) != _device(lengths):
+                self.check_no_writes(consumer_node, [inner, self.mirrors[inner]], "the CPU mirror or its twin",
+                                     start=None)
+                self.proof.swaps.append(MirrorSwap(consumer_node, argument, lengths, self.mirrors[inner]))
+                return
+
+    def check_no_writes(self, end: torch.fx.Node, protected, what: str, start):
+        protected = [p for p in protected if isinstance(p, torch.fx.Node)]
+        start = start if start is not None else next(iter(self.graph.nodes))
+        writer = first_write(self.graph, protected, start, end)
+        if writer is not None:
             raise Unsafe(
-                f"{entry.name}'s {entry.lengths} is not the tensor whose max was taken "
-                f"({getattr(lengths, 'name', lengths)} vs {self.point.source.name}): the bound would not guard it"
+                f"{what} may be written in place by {describe_use(writer)} between the max and the consumer at "
+                f"{node_location(end)}: the values would differ from what eager read"
             )
 
+    # -- uses of the max --------------------------------------------------------------------------------
     def follow_value(self, node: torch.fx.Node, offset: int):
         for user in list(node.users):
-            if user.op == "call_function" and user.target in (operator.add, operator.sub):
-                other = user.args[1] if user.args[0] is node else user.args[0]
-                if isinstance(other, int) and not isinstance(other, bool) and not (
-                    user.target is operator.sub and user.args[1] is node
-                ):
-                    self.proof.offsets.append(user)
-                    self.follow_value(user, offset + (other if user.target is operator.add else -other))
-                    continue
-                raise Unsafe(why_not(user, "the max"))
-            if self.is_gather(user, node):
-                self.follow_gather(user, node, offset)
+            add = _scalar_add(user, node)
+            if add is not None:
+                if add < 0:
+                    raise Unsafe(f"the max minus {-add} ({describe_use(user)}) is not an upper bound")
+                self.proof.offsets.append(user)
+                self.follow_value(user, offset + add)
+                continue
+            if user.op == "call_function" and user.target is operator.sub:
+                raise Unsafe(f"the max is used in a subtraction ({describe_use(user)}): not an upper bound")
+            if _is_gather(user, node):
+                self.follow_gather(user, offset)
                 continue
             entry = _consumer_of(user)
             if entry is not None:
                 args = bind_arguments(entry.name, user.args, user.kwargs)
                 names = [k for k, v in args.items() if v is node]
                 if names and all(k in entry.upper_bounds for k in names):
-                    self.check_lengths(user, entry)
-                    self.proof.bounds.extend(BoundPlan(user, k, offset) for k in names)
+                    lengths, k = self.relate_lengths(user, entry, offset)
+                    self.proof.bounds.extend(BoundPlan(user, name, offset, lengths, k) for name in names)
                     continue
                 raise Unsafe(f"passed to {entry.name} as {names}, which is not an upper-bound argument")
             raise Unsafe(why_not(user, "the max"))
 
-    @staticmethod
-    def is_gather(user: torch.fx.Node, m: torch.fx.Node) -> bool:
-        if user.op != "call_function" or user.target is not operator.getitem:
-            return False
-        index = user.args[1]
-        return (
-            isinstance(index, tuple) and len(index) == 2 and isinstance(index[0], torch.fx.Node)
-            and isinstance(index[1], slice) and index[1].start is None and index[1].stop is m
-            and m not in (index[1].step,) and index[0] is not m
-        )
+    def bookkeeping_of(self, sym: torch.fx.Node, most: int) -> list[torch.fx.Node]:
+        found = [sym]
+        for cmp in sym.users:
+            if cmp.op != "call_function" or cmp.target not in _COMPARES:
+                raise Unsafe(f"the page table's width is used by {describe_use(cmp)}")
+            if not _true_for_any_width(cmp, sym, most):
+                raise Unsafe(f"the page table's width is checked at {node_location(cmp)} (a user assertion), "
+                             "which must keep its meaning")
+            found.append(cmp)
+            for check in cmp.users:
+                if check.op != "call_function" or check.target not in _ASSERTS:
+                    raise Unsafe(f"the page table's width is used by {describe_use(check)}")
+                found.append(check)
+        return found
 
-    def follow_gather(self, gather: torch.fx.Node, m: torch.fx.Node, offset: int):
+    def follow_gather(self, gather: torch.fx.Node, offset: int):
         table, (rpi, sl) = gather.args[0], gather.args[1]
-        dtype = getattr(example_value(table), "dtype", None)
-        if dtype not in (torch.int32, torch.int64):
-            raise Unsafe(f"the sliced tensor {table.name} is {dtype}, not an int32/int64 token table")
-        step = sl.step if sl.step is not None else None
-        if step is not None and (not isinstance(step, int) or step < 1):
+        tv, rv = example_value(table), example_value(rpi)
+        if getattr(tv, "dtype", None) not in _INT or getattr(tv, "ndim", 0) != 2:
+            raise Unsafe(f"the sliced tensor {table.name} is not a 2-D int32/int64 token table "
+                         f"({getattr(tv, 'dtype', None)})")
+        if getattr(rv, "dtype", None) not in _INT or getattr(rv, "ndim", 0) != 1:
+            raise Unsafe(f"the request indices {rpi.name} are {getattr(rv, 'dtype', None)} "
+                         f"{tuple(getattr(rv, 'shape', ()))}, not a 1-D int32/int64 tensor")
+        step = sl.step
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
             raise Unsafe(f"the page-table slice step {step!r} is not a constant page size")
+        width = int(tv.shape[1])
+        most = width if step is None else -(-width // step)
         chain, bookkeeping, divisor = [gather], [], None
         node = gather
         while True:
             nexts, consumers = [], []
             for user in node.users:
-                book = _bookkeeping(user)
-                if book is not None:
-                    bookkeeping.extend(book)
+                if user.op == "call_function" and user.target is torch.ops.aten.sym_size.int:
+                    if user.args[1:] not in ((1,), (-1,)):
+                        raise Unsafe(f"the page table's size is read by {describe_use(user)}")
+                    bookkeeping.extend(self.bookkeeping_of(user, most))
                     continue
                 entry = _consumer_of(user)
                 if entry is not None:
@@ -227,24 +388,18 @@ class _Prover:
                 uses = ", ".join(sorted({describe_use(u) for u in nexts})) or "nothing"
                 raise Unsafe(f"the page table reaches {uses}: not only self-guarding consumers")
             nxt = nexts[0]
-            if (nxt.op == "call_function" and nxt.target is operator.getitem and step is None
-                    and isinstance(nxt.args[1], tuple) and len(nxt.args[1]) == 2
-                    and nxt.args[1][0] == slice(None) and isinstance(nxt.args[1][1], slice)
-                    and nxt.args[1][1].start is None and nxt.args[1][1].stop is None
-                    and isinstance(nxt.args[1][1].step, int)):
-                step = nxt.args[1][1].step
-            elif nxt.op == "call_function" and nxt.target is operator.floordiv and divisor is None \
-                    and nxt.args[0] is node and isinstance(nxt.args[1], int):
-                divisor = nxt.args[1]
-            elif nxt.op == "call_method" and nxt.target in ("__floordiv__", "floor_divide") and divisor is None \
-                    and isinstance(_int_arg(nxt, 1), int):
-                divisor = _int_arg(nxt, 1)
-            elif (nxt.op in ("call_method", "call_function") and nxt.target in ("div", torch.div)
-                  and nxt.kwargs.get("rounding_mode") == "floor" and divisor is None
-                  and isinstance(_int_arg(nxt, 1), int)):
-                divisor = _int_arg(nxt, 1)
-            elif strip_casts(nxt) is node:
+            column_step = _column_step(nxt, node)
+            div = _floor_divisor(nxt, node)
+            if column_step is not None and step is None and column_step >= 1:
+                step = column_step
+                most = -(-most // step)
+            elif div is not None and divisor is None and div >= 1:
+                divisor = div
+            elif value_kept_input(nxt) is node:
                 pass
+            elif nxt.op == "call_method" and nxt.target in _KEEP_VALUE_METHODS:
+                raise Unsafe(f"the page table is cast to {_dtype(nxt)} at {node_location(nxt)}, which changes "
+                             "values (only int32/int64 casts keep them)")
             else:
                 raise Unsafe(why_not(nxt, "the page table"))
             chain.append(nxt)
@@ -257,21 +412,66 @@ class _Prover:
             )
         if self.page_size_option is not None and step != self.page_size_option:
             raise Unsafe(f"the gather's page size {step} differs from options['page_size']={self.page_size_option}")
-        for consumer_node, entry in consumers:
+        groups: dict[torch.fx.Node, ConsumerGroup] = {}
+        for consumer_node, entry in sorted(consumers, key=lambda c: self._index(c[0])):
             args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
             names = [k for k, v in args.items() if v is node]
             if entry.page_table is None or names != [entry.page_table]:
                 raise Unsafe(f"the page table is passed to {entry.name} as {names}, not as its page-table argument")
-            self.check_lengths(consumer_node, entry)
-        self.proof.gathers.append(GatherPlan(chain, consumers, table, rpi, step, offset, bookkeeping))
+            lengths, k = self.relate_lengths(consumer_node, entry, offset)
+            lv = example_value(lengths)
+            if getattr(lv, "ndim", 0) != 1 or lv.shape[0] != rv.shape[0] or lv.device != tv.device \
+                    or rv.device != tv.device:
+                raise Unsafe(f"{entry.name}'s {entry.lengths} {tuple(getattr(lv, 'shape', ()))} on "
+                             f"{getattr(lv, 'device', '?')} does not match the request indices "
+                             f"{tuple(rv.shape)} and the token table on {tv.device}")
+            # The rebuilt table reads the token table and the indices just before the consumer: nothing may
+            # write them after the gather read them.
+            self.check_no_writes(consumer_node, [table, rpi], "the token table or the request indices",
+                                 start=gather)
+            group = groups.setdefault(lengths, ConsumerGroup(lengths, [], k))
+            group.consumers.append((consumer_node, entry))
+        self.proof.gathers.append(GatherPlan(chain, list(groups.values()), table, rpi, step, offset, bookkeeping))
+
+    def check_tolist_elements(self):
+        """max(t.tolist()): every element read must feed only the max chain, or an `.item()` stays."""
+        members = set(self.point.nodes)
+        for node in self.point.nodes:
+            if node is self.point.value:
+                continue
+            for user in node.users:
+                if user not in members:
+                    raise Unsafe(f"an element of the list is also used by {describe_use(user)}, so its host read "
+                                 "would stay")
 
 
-def prove_static_bound(point: SyncPoint, mirrors, page_size_option: int | None = None) -> Proof:
+def _scalar_add(user: torch.fx.Node, m: torch.fx.Node):
+    """c for `m + c` / `c + m` with an int constant c; None for anything else."""
+    if user.op != "call_function" or user.target is not operator.add:
+        return None
+    other = user.args[1] if user.args[0] is m else user.args[0]
+    if isinstance(other, int) and not isinstance(other, bool):
+        return other
+    return None
+
+
+def _consumer_of(node: torch.fx.Node):
+    if node.op != "call_function":
+        return None
+    return lookup_consumer(node.target)
+
+
+def prove_static_bound(graph: torch.fx.Graph, point: SyncPoint, mirrors,
+                       page_size_option: int | None = None) -> Proof:
     """Apply the safety rule to one dynamic max; Proof.safe says whether it may become the static bound."""
     if not point.is_max:
         return Proof(False, "not a max over a lengths tensor: no static bound applies")
-    prover = _Prover(point, mirrors, page_size_option)
+    if _dtype(point.source) not in _INT:
+        return Proof(False, f"the max is taken over a {_dtype(point.source)} tensor, not int32/int64 lengths")
+    prover = _Prover(graph, point, mirrors, page_size_option)
     try:
+        if point.kind == "tolist":
+            prover.check_tolist_elements()
         prover.follow_value(point.value, 0)
     except Unsafe as e:
         return Proof(False, str(e))

@@ -24,9 +24,14 @@ def user_location(stack_trace: str | None) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{line}"
 
 
+def node_location(node) -> str:
+    """'file.py:LINE' of the user's code that made an FX node."""
+    return user_location(getattr(node, "meta", {}).get("stack_trace"))
+
+
 @dataclasses.dataclass
 class SyncItem:
-    """One sync point: its kind (item, tolist, cpu_copy, cpu_mirror), where it is and what happened to it."""
+    """One sync point: its kind (item, tolist, numpy, cpu_copy, cpu_mirror, post_grad), where it is and what happened to it."""
 
     kind: str
     location: str

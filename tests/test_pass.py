@@ -135,7 +135,7 @@ def _unsafe_cases():
         "sizes_a_tensor": (sizes_a_tensor, "neither a page-table bound nor an upper-bound argument"),
         "arithmetic": (arithmetic, "arithmetic that is not a bound"),
         "unregistered": (unregistered, "not a registered self-guarding consumer"),
-        "other_lengths": (other_lengths, "not the tensor whose max was taken"),
+        "other_lengths": (other_lengths, "does not hold the values the max was taken over"),
         "no_floordiv": (no_floordiv, "divides by 1"),
         "unmasked_sum": (unmasked_sum, "not a self-guarding consumer"),
         "bound_in_wrong_slot": (bound_in_wrong_slot, "not an upper-bound argument"),
@@ -282,31 +282,40 @@ def test_uuid_changes_with_every_option():
     assert same in uuids  # deterministic
 
 
-def test_mirror_copied_to_the_device_reads_the_twin():
-    """`seq_lens_cpu.to(device)` becomes the device twin (the meta device stands in for CUDA here)."""
+def test_mirror_upload_feeding_a_rewritten_consumer_reads_the_twin():
+    """`seq_lens_cpu.to(device)` as a rewritten consumer's lengths becomes the device twin (meta stands in for
+    CUDA here; the GPU test does it on CUDA)."""
 
     def step(fb):
-        return fb.seq_lens_cpu.to("meta").to(torch.int32) + fb.seq_lens.to(torch.int32)
+        m = fb.seq_lens_cpu.max().item()
+        table = fb.req_to_token[fb.req_pool_indices, :m]
+        # The twin must reach the graph (here through a second use) for the pass to read it.
+        return torch.ops.syncfree_test.bounded_sum(table, fb.seq_lens_cpu.to("meta"), 1, m), fb.seq_lens + 1
 
     fb = make_fb([3, 9])
-    fb.seq_lens = fb.seq_lens.to("meta")  # the twin reaches the graph and lives where the copy goes
-    out, backend, _ = run(step, fb, max_context_len=MCL)
-    assert out.device.type == "meta" and out.shape == (2,) and out.dtype == torch.int32
+    fb.seq_lens = fb.seq_lens.to("meta")
+    fb.req_to_token, fb.req_pool_indices = fb.req_to_token.to("meta"), fb.req_pool_indices.to("meta")
+    (out, _), backend, _ = run(step, fb, max_context_len=MCL)
+    assert out.device.type == "meta" and out.shape == (2,)
     assert [i.kind for i in backend.report.rewritten] == ["cpu_mirror"]
     assert "device twin l_fb_seq_lens" in backend.report.rewritten[0].reason
-    placeholders_used = {n.name for g in backend.graphs for n in g.graph.nodes
-                         if n.op == "placeholder" and n.users}
-    assert "l_fb_seq_lens_cpu" not in placeholders_used
+    used = {n.name for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder" and n.users}
+    assert "l_fb_seq_lens_cpu" not in used
 
 
-def test_mirror_copy_kept_when_the_twin_is_elsewhere():
-    def step(fb):
-        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum()
+def test_mirror_upload_elsewhere_is_not_renamed():
+    """A mirror is trusted only for the rewrite that needs it: other uploads stay (shapes may even differ)."""
 
-    fb = make_fb([3, 9])  # the twin is on the CPU, not on the copy's device
-    out, backend, _ = run(step, fb, max_context_len=MCL)
-    assert out.device.type == "meta"
-    assert backend.report.kept and "not on meta" in backend.report.kept[0].reason
+    def step(fb, positions_cpu, positions):
+        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum(), positions_cpu.to("meta") * 2
+
+    fb = make_fb([3, 9])
+    fb.seq_lens = fb.seq_lens.to("meta")
+    positions_cpu, positions = torch.arange(3), torch.arange(4).to("meta")
+    (a, b), backend, _ = run(step, fb, positions_cpu, positions, max_context_len=MCL)
+    assert a.shape == (2,) and b.shape == (3,)  # eager's shapes: nothing was swapped for its "twin"
+    assert backend.report.rewritten == []
+    assert all("is copied to meta" in i.reason for i in backend.report.kept) and len(backend.report.kept) == 2
 
 
 def test_used_host_copy_is_kept_and_reported():

@@ -1,0 +1,235 @@
+"""The differential safety suite: compiled vs eager on many random length vectors, for every case in
+soundness_cases.py and for generated ones (Hypothesis composes a decode step with an in-place write, a cast, an
+offset and an escape). Any difference in values, shapes, dtypes, raised errors or the inputs a call leaves
+behind fails. The pass runs on the Dynamo graph, which then runs without Inductor (fast); a representative few
+go through the full backend and Inductor too.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import compile_pass
+import soundness_cases as cases
+from passlib import Rewriting, run
+
+VECTORS = 6  # random length vectors per case, after the one it compiles on
+
+
+def length_vectors(batch: int, count: int, seed: int, top: int = cases.MCL):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        lengths = [rng.randint(0, top) for _ in range(batch)]
+        lengths[rng.randrange(batch)] = rng.choice([0, 1, top, rng.randint(0, top)])
+        out.append(lengths)
+    return out
+
+
+def outcome(fn, inputs: cases.Inputs):
+    """(result or the exception's type, the inputs as the call left them)."""
+    try:
+        result = fn(inputs)
+    except Exception as e:  # noqa: BLE001 - compared by type
+        result = type(e)
+    return result, inputs.tensors()
+
+
+def assert_same(got, want, where: str):
+    if isinstance(want, type):
+        assert isinstance(got, type) and (issubclass(got, want) or issubclass(want, got)), \
+            f"{where}: eager raised {want.__name__}, compiled gave {got!r}"
+        return
+    assert not isinstance(got, type), f"{where}: compiled raised {got.__name__}, eager returned a value"
+    if isinstance(want, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            assert_same(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: {type(got).__name__} is not a tensor"
+        assert got.shape == want.shape and got.dtype == want.dtype, \
+            f"{where}: {tuple(got.shape)} {got.dtype} vs eager {tuple(want.shape)} {want.dtype}"
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=where)
+    else:
+        assert got == want, f"{where}: {got!r} vs eager {want!r}"
+
+
+def differential(fn, batch: int = 3, seed: int = 0, **options):
+    """Compile once, then compare compiled and eager on several length vectors; return the pass's report."""
+    backend = Rewriting(max_context_len=cases.MCL, **options)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for n, lengths in enumerate(length_vectors(batch, VECTORS, seed)):
+        inputs = cases.make_inputs(lengths, seed=seed + n)
+        want = outcome(fn, inputs.clone())
+        with compile_pass._compat.capture_scalar_outputs():
+            got = outcome(compiled, inputs.clone())
+        assert_same(got, want, f"{fn.__name__}{lengths}")
+    # One graph for every vector: nothing recompiled, nothing fell back to eager.
+    assert len(backend.graphs) == 1, f"{len(backend.graphs)} graphs"
+    return backend.report, backend
+
+
+def host_reads_left(backend) -> list:
+    return [t for t in backend.targets() if t == "item" or getattr(t, "__name__", "") == "wrapped_item"]
+
+
+@pytest.mark.parametrize("name", sorted(cases.REWRITTEN))
+def test_safe_case_is_rewritten_and_equals_eager(name):
+    report, backend = differential(cases.REWRITTEN[name])
+    assert report.rewritten and not report.kept, str(report)
+    assert host_reads_left(backend) == []
+
+
+@pytest.mark.parametrize("name", sorted(cases.KEPT))
+def test_unsafe_case_is_kept_with_its_reason_and_equals_eager(name):
+    fn, words = cases.KEPT[name]
+    report, _ = differential(fn)
+    assert report.kept, str(report)
+    reasons = " | ".join(i.reason for i in report.kept)
+    assert all(i.reason.startswith("kept: ") and len(i.reason) > 12 for i in report.kept)
+    assert any(all(w in i.reason for w in words) for i in report.kept), reasons
+
+
+def test_suite_size():
+    assert len(cases.REWRITTEN) + len(cases.KEPT) >= 50
+
+
+# -- generated cases -------------------------------------------------------------------------------------
+WRITE_TARGETS = ("req_to_token", "req_pool_indices", "seq_lens", "pool", "none")
+WRITE_PLACES = ("before_max", "after_max", "after_gather", "after_consumer")
+
+
+def composed_step(write_target, write_place, offset, page_size, cast, escape):
+    def write(x):
+        if write_target == "req_to_token":
+            x.req_to_token[:, :8].add_(1)
+        elif write_target == "req_pool_indices":
+            x.req_pool_indices.copy_(x.req_pool_indices.flip(0))
+        elif write_target == "seq_lens":
+            x.seq_lens.add_(1)
+        elif write_target == "pool":
+            x.pool.mul_(2)
+
+    def step(x):
+        if write_place == "before_max":
+            write(x)
+        m = x.seq_lens.max().item()
+        if write_place == "after_max":
+            write(x)
+        t = x.req_to_token[x.req_pool_indices, : m + offset : page_size]
+        if page_size > 1:
+            t = t // page_size
+        if cast == "int":
+            t = t.int()
+        elif cast == "long":
+            t = t.long()
+        elif cast == "float":
+            t = t.float().int()
+        if write_place == "after_gather":
+            write(x)
+        out = cases.SUM(t, x.seq_lens, page_size, m + offset)
+        if write_place == "after_consumer":
+            write(x)
+        return (out, t) if escape else out
+
+    return step
+
+
+def expected_safe(write_target, write_place, offset, cast, escape) -> bool:
+    if escape or cast == "float" or offset < 0:
+        return False
+    if write_target in ("pool", "none") or write_place in ("before_max", "after_consumer"):
+        return True
+    if write_target == "seq_lens":
+        return False  # after the max, before the consumer
+    return write_place == "after_max"  # the table and indices are read at the gather
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(write_target=st.sampled_from(WRITE_TARGETS), write_place=st.sampled_from(WRITE_PLACES),
+       offset=st.sampled_from([0, 1, 3, -1]), page_size=st.sampled_from([1, 4]),
+       cast=st.sampled_from(["none", "int", "long", "float"]), escape=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_generated_steps_equal_eager(write_target, write_place, offset, page_size, cast, escape, seed):
+    torch._dynamo.reset()
+    step = composed_step(write_target, write_place, offset, page_size, cast, escape)
+    report, backend = differential(step, batch=4, seed=seed)
+    safe = expected_safe(write_target, write_place, offset, cast, escape)
+    assert bool(report.rewritten) == safe, (safe, str(report))
+    assert bool(host_reads_left(backend)) == (not safe)
+    assert all(i.reason.startswith("kept: ") for i in report.kept)
+
+
+# -- lengths past the static bound, checked mode -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["plain_gather", "strided_gather_ps4", "bound_only", "speculative_lengths"])
+def test_lengths_past_the_bound_read_nothing_out_of_bounds_and_checked_mode_asserts(name):
+    fn = cases.REWRITTEN[name]
+    beyond = cases.make_inputs([3, cases.MCL + 20, 9])  # within req_to_token (96 wide), past the bound (64)
+    _, _, compiled = run(fn, cases.make_inputs([3, 9, 5]), max_context_len=cases.MCL)
+    with compile_pass._compat.capture_scalar_outputs():
+        try:  # unspecified values, but no out-of-bounds access
+            compiled(beyond.clone())
+        except RuntimeError as e:  # the test consumer checks that its max_seqlen_k bounds its lengths
+            assert "max_seqlen_k is not an upper bound" in str(e)
+    torch._dynamo.reset()
+    _, backend, checked = run(fn, cases.make_inputs([3, 9, 5]), max_context_len=cases.MCL,
+                              checked=True)
+    assert "lengths asserted on the device" in backend.report.rewritten[0].reason
+    with compile_pass._compat.capture_scalar_outputs():
+        at_bound = cases.make_inputs([3, cases.MCL, 0])
+        assert_same(outcome(checked, at_bound.clone()), outcome(fn, at_bound.clone()), name)
+        with pytest.raises(RuntimeError, match="exceeds the static bound that replaced its max"):
+            checked(beyond.clone())
+
+
+def test_checked_bound_is_the_replaced_bound_not_the_table_capacity():
+    """page size 16, bound 20: the table holds 2 pages (32 keys) but a length of 25 exceeds the bound."""
+
+    def step(x):
+        m = x.seq_lens.max().item()
+        return cases.SUM(x.req_to_token[x.req_pool_indices, :m:16] // 16, x.seq_lens, 16, m)
+
+    _, _, checked = run(step, cases.make_inputs([3, 9, 5]), max_context_len=20, checked=True)
+    with compile_pass._compat.capture_scalar_outputs():
+        checked(cases.make_inputs([3, 20, 5]))
+        with pytest.raises(RuntimeError, match="max_context_len=20"):
+            checked(cases.make_inputs([3, 25, 5]))
+
+
+# -- the representative few, through the full backend and Inductor ----------------------------------------
+@pytest.mark.inductor
+@pytest.mark.parametrize("name", ["plain_gather", "speculative_lengths", "table_written_between_gather_and_consumer",
+                                  "lengths_grow_after_the_max", "user_check_on_the_width",
+                                  "mirror_max_device_lengths"])
+def test_through_inductor(name):
+    fn = cases.REWRITTEN.get(name) or cases.KEPT[name][0]
+    compiled = compile_pass.compile(fn, max_context_len=cases.MCL, fullgraph=True)
+    for n, lengths in enumerate(length_vectors(3, 4, 7)):
+        inputs = cases.make_inputs(lengths, seed=n)
+        want = outcome(fn, inputs.clone())
+        got = outcome(compiled, inputs.clone())
+        assert_same(got, want, f"{name}{lengths}")
+    report = compile_pass.last_report()
+    assert bool(report.rewritten) == (name in cases.REWRITTEN)
+    assert report.post_grad is not None
+    assert (report.post_grad["local_scalar_dense"] == 0) == (name in cases.REWRITTEN)
+
+
+def test_empty_batch_raises_like_eager():
+    """B=0: eager's seq_lens.max() raises; the compiled step retraces for the new shape and raises the same."""
+    fn = cases.REWRITTEN["plain_gather"]
+    _, _, compiled = run(fn, cases.make_inputs([3, 9, 5]), max_context_len=cases.MCL)
+    empty = cases.make_inputs([])
+    with pytest.raises(RuntimeError, match="numel"):
+        fn(empty.clone())
+    with compile_pass._compat.capture_scalar_outputs(), pytest.raises(RuntimeError, match="numel"):
+        compiled(empty.clone())
