@@ -77,3 +77,47 @@ def test_attribute_name():
     assert attribute_name("L['fb'].seq_lens_cpu") == "seq_lens_cpu"
     assert attribute_name("L['batch']['seq_lens_cpu']") == "seq_lens_cpu"
     assert attribute_name(None) is None
+
+
+def test_numpy_max_is_found():
+    def fn(fb, x):
+        return x * int(fb.seq_lens.numpy().max())
+
+    points, _ = capture(fn, make_fb([3, 9]), torch.ones(2))
+    assert [(p.kind, p.is_max, p.host_sync) for p in points] == [("numpy", True, True)]
+
+
+def test_a_device_tensor_named_like_a_mirror_is_not_one():
+    """The name alone does not make a mirror: a `seq_lens_cpu` that is not on the CPU is a device sync."""
+
+    def fn(fb):
+        return fb.seq_lens_cpu.max().item() + 1
+
+    fb = make_fb([3, 9])
+    fb.seq_lens_cpu = fb.seq_lens_cpu.to("meta")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *args: (torch.tensor(0),)
+
+    with _compat.capture_scalar_outputs():
+        try:
+            torch.compile(fn, backend=backend, fullgraph=True)(fb)
+        except Exception:
+            pass  # the stand-in output does not matter; the graph does
+    graph = graphs[0].graph
+    mirrors = find_cpu_mirrors(graph, {})
+    assert mirrors == {}
+    [point] = find_sync_points(graph, mirrors)
+    assert point.kind == "item" and point.host_sync
+
+
+def test_mirror_twin_needs_the_same_shape():
+    def fn(fb):
+        return fb.seq_lens_cpu.max().item() + fb.seq_lens.sum()
+
+    fb = make_fb([3, 9])
+    fb.seq_lens = torch.tensor([3, 9, 4])
+    _, mirrors = capture(fn, fb)
+    assert list(mirrors.values()) == [None]

@@ -355,3 +355,25 @@ def test_upper_bound_of_a_consumer_without_lengths_is_kept():
         assert "without a lengths argument" in backend.report.kept[0].reason
     finally:
         compile_pass.unregister_self_guarding_consumer("syncfree_test::unguarded_sum")
+
+
+def test_a_rewrite_that_leaves_a_host_read_is_not_counted_as_removed(monkeypatch):
+    """The report counts what is really left: were the proof to miss a second use of a list element, the
+    `.item()` that stays is reported, and strict would see it."""
+    from compile_pass.prove_static_bound import _Prover
+
+    monkeypatch.setattr(_Prover, "check_tolist_elements", lambda self: None)
+
+    def step(fb):
+        values = fb.seq_lens.tolist()
+        m = max(values)
+        t = fb.req_to_token[fb.req_pool_indices, :m]
+        return torch.ops.syncfree_test.bounded_sum(t, fb.seq_lens, 1, m) + values[0]
+
+    fb = make_fb([3, 9, 5])
+    out, backend, _ = run(step, fb, max_context_len=MCL)
+    torch.testing.assert_close(out, step(fb))
+    report = backend.report
+    assert report.rewritten and report.syncs_remaining == 1
+    assert report.kept[0].reason == "kept: still in the graph after the rewrite"
+    assert item_targets(backend) == ["item"]
