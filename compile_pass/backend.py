@@ -13,7 +13,7 @@ import torch
 import torch.fx
 
 from . import _compat
-from .find_sync_points import is_full_max
+from .normalize import is_full_max
 from .options import SyncfreeOptions
 from .page_table_rewrite import PageTableRewrite
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,

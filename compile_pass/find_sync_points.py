@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ._compat import example_value, placeholder_source_name
+from .normalize import INT_DTYPES, callable_name, is_host_copy, is_item, max_nodes, max_source
 from .report import user_location
 
 
@@ -46,77 +47,6 @@ def _code_line(node: torch.fx.Node) -> str:
 
 def _where(node: torch.fx.Node) -> tuple[str, str]:
     return user_location(node.meta.get("stack_trace")), _code_line(node)
-
-
-def _callable_name(node: torch.fx.Node) -> str:
-    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
-
-
-def max_source(node):
-    """The tensor whose every element a max node reduces, or None.
-
-    `t.max()`, `t.amax()`, `torch.max(t)`, `torch.amax(t)`, a numpy `a.max()` (Dynamo's `wrapped_max`), and for
-    a 1-D t `t.max(dim=0).values` / `torch.max(t, 0)[0]`.
-    """
-    if not isinstance(node, torch.fx.Node):
-        return None
-    if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0:
-        inner = node.args[0]
-        if not isinstance(inner, torch.fx.Node) or not _is_max_call(inner):
-            return None
-        dims = list(inner.args[1:]) + [inner.kwargs.get("dim")]
-        dims = [d for d in dims if d is not None]
-        source = inner.args[0]
-        shape = getattr(example_value(source), "shape", None)
-        if len(dims) == 1 and dims[0] in (0, -1) and shape is not None and len(shape) == 1 \
-                and not inner.kwargs.get("keepdim", False):
-            return source
-        return None
-    if len(node.args) != 1 or any(v is not None for v in node.kwargs.values()):
-        return None
-    if _is_max_call(node) or _callable_name(node) in ("wrapped_max", "wrapped_amax"):
-        source = node.args[0]
-        # numpy: Dynamo reads a CPU tensor as an array through `t.view_as(t)`
-        if isinstance(source, torch.fx.Node) and source.op == "call_method" and source.target == "view_as":
-            source = source.args[0]
-        return source if isinstance(source, torch.fx.Node) else None
-    return None
-
-
-def _is_max_call(node: torch.fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target in ("max", "amax")
-    return node.op == "call_function" and node.target in (torch.max, torch.amax)
-
-
-def is_full_max(node) -> bool:
-    """A max over every element of a tensor (see max_source)."""
-    return max_source(node) is not None
-
-
-def is_item(node) -> bool:
-    """`t.item()`, `int(t)` and a numpy scalar read (Dynamo's `wrapped_item`): a host read of one value."""
-    if not isinstance(node, torch.fx.Node):
-        return False
-    return (node.op == "call_method" and node.target == "item") or _callable_name(node) == "wrapped_item"
-
-
-def _is_cpu_device(value) -> bool:
-    try:
-        return torch.device(value).type == "cpu"
-    except (TypeError, RuntimeError):
-        return False
-
-
-def is_host_copy(node: torch.fx.Node) -> bool:
-    if node.op != "call_method":
-        return False
-    if node.target in ("cpu", "numpy"):
-        return True
-    if node.target == "to":
-        values = list(node.args[1:]) + [node.kwargs.get("device")]
-        return any(isinstance(v, (str, torch.device)) and _is_cpu_device(v) for v in values)
-    return False
 
 
 def attribute_name(source_name: str | None) -> str | None:
@@ -164,13 +94,11 @@ def find_cpu_mirrors(graph: torch.fx.Graph, mirrors: dict[str, str]) -> dict[tor
         twin = by_source.get(twin_source)
         twin_value = example_value(twin)
         if twin is not None and (getattr(twin_value, "shape", None) != value.shape
-                                 or value.dtype not in _INT or getattr(twin_value, "dtype", None) not in _INT):
+                                 or value.dtype not in INT_DTYPES
+                                 or getattr(twin_value, "dtype", None) not in INT_DTYPES):
             twin = None
         found[node] = twin
     return found
-
-
-_INT = (torch.int32, torch.int64)
 
 
 def _tolist_max(node: torch.fx.Node):
@@ -231,15 +159,11 @@ def find_sync_points(graph: torch.fx.Graph, mirrors: dict[torch.fx.Node, torch.f
             source = None
             source = max_source(inner)
             if source is not None:
-                members = [inner, node]
-                if inner.op == "call_function" and inner.target is operator.getitem:
-                    members = [inner.args[0], inner, node]  # t.max(dim=0) -> [0] -> item
-                if _callable_name(inner) in ("wrapped_max", "wrapped_amax") and inner.args[0] is not source:
-                    members = [inner.args[0]] + members  # numpy's view_as
+                members = max_nodes(inner) + [node]
             base = source if source is not None else inner
             if base in mirrors:
                 kind = "cpu_mirror"
-            elif _callable_name(node) == "wrapped_item":
+            elif callable_name(node) == "wrapped_item":
                 kind = "numpy"
             else:
                 kind = "item"

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 # Options of ours; everything else passes through to Inductor as config patches.
-_OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs"}
+_OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs", "static_escapes"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +20,9 @@ class SyncfreeOptions:
     # Rewritten page tables assert on the device that no length exceeds the static bound.
     checked: bool = False
     cudagraphs: bool = False
+    # Metadata that escapes the step (a page table, its strided column index or the max, stored on a backend
+    # object or returned) leaves at the static width / as the static bound: the one semantic change, opt-in.
+    static_escapes: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
@@ -33,7 +36,7 @@ class SyncfreeOptions:
         ps = options.get("page_size")
         if ps is not None and (isinstance(ps, bool) or not isinstance(ps, int) or ps < 1):
             raise ValueError(f"options['page_size'] must be a positive int or None, got {ps!r}")
-        for flag in ("strict", "checked", "cudagraphs"):
+        for flag in ("strict", "checked", "cudagraphs", "static_escapes"):
             if not isinstance(options.get(flag, False), bool):
                 raise TypeError(f"options['{flag}'] must be a bool, got {options[flag]!r}")
         mirrors = options.get("cpu_mirrors") or {}
@@ -48,6 +51,7 @@ class SyncfreeOptions:
             cpu_mirrors=tuple(sorted(mirrors.items())),
             checked=options.get("checked", False),
             cudagraphs=options.get("cudagraphs", False),
+            static_escapes=options.get("static_escapes", False),
             inductor=tuple(sorted(inductor.items())),
         )
 

@@ -33,13 +33,10 @@ import torch.fx
 from ._compat import example_value, fake_mode_of
 from .consumers import lookup_consumer, schema_argument_names
 from .find_sync_points import SyncPoint, find_cpu_mirrors, find_sync_points
+from .normalize import ceil_div
 from .options import SyncfreeOptions
 from .prove_static_bound import GatherPlan, Proof, prove_static_bound
 from .report import SyncItem, SyncReport, node_location
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _erase_if_dead(graph: torch.fx.Graph, nodes) -> None:
@@ -72,10 +69,8 @@ def _set_argument(node: torch.fx.Node, name: str, value) -> None:
     node.update_arg(index, value)
 
 
-def _insert_bound_check(graph, before: torch.fx.Node, lengths: torch.fx.Node, limit: int, bound: int) -> None:
-    """Device-side: every length <= limit, i.e. the max that `bound` replaced was <= bound. No host read."""
-    message = (f"syncfree: a sequence length exceeds the static bound that replaced its max "
-               f"(max_context_len={bound}) at {node_location(before)}")
+def _insert_bound_check(graph, before: torch.fx.Node, lengths: torch.fx.Node, limit: int, message: str) -> None:
+    """Device-side: every length <= limit (so their max is too). An async assertion: no host read."""
     within = _call(graph, before, torch.ops.aten.le.Scalar, (lengths, limit), before)
     every = _call(graph, before, torch.ops.aten.all.default, (within,), before)
     _call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
@@ -102,7 +97,8 @@ class PageTableRewrite:
                 item.reason = ("kept: options['max_context_len'] is missing, so no static bound exists "
                                "(pass options={'max_context_len': N})")
             else:
-                proof = prove_static_bound(graph, point, mirrors, self.options.page_size)
+                proof = prove_static_bound(graph, point, mirrors, self.options.page_size,
+                                           self.options.max_context_len, self.options.static_escapes)
                 if proof.safe:
                     item.reason = self._rewrite(graph, point, proof)
                     report.rewritten.append(item)
@@ -144,6 +140,7 @@ class PageTableRewrite:
                     b.lengths = replacement
             parts.append(f"lengths read from the device twin {swap.twin.name}")
         checks: dict[tuple, torch.fx.Node] = {}
+        tables: dict[torch.fx.Node, torch.fx.Node] = {}  # a plan's old terminal -> its first rebuilt table
         for plan in proof.gathers:
             max_pages = max(1, ceil_div(bound + plan.offset, plan.page_size))
             for group in plan.groups:
@@ -151,11 +148,11 @@ class PageTableRewrite:
                 table = _call(graph, first, torch.ops.syncfree.page_table.default,
                               (plan.req_to_token, plan.req_pool_indices, group.lengths, plan.page_size, max_pages,
                                False), plan.chain[0])
+                tables.setdefault(plan.terminal, table)
                 for consumer, entry in group.consumers:
                     _set_argument(consumer, entry.page_table, table)
                 checks.setdefault((group.lengths, bound + group.length_offset), first)
-            _erase_if_dead(graph, plan.bookkeeping)
-            _erase_if_dead(graph, plan.chain)
+            _erase_if_dead(graph, plan.bookkeeping + plan.chain)
             parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size})")
         for b in proof.bounds:
             value = bound + b.offset
@@ -164,13 +161,43 @@ class PageTableRewrite:
             parts.append(f"{b.argument} -> {value}")
         if self.options.checked:
             for (lengths, limit), before in checks.items():
-                _insert_bound_check(graph, before, lengths, limit, bound)
+                _insert_bound_check(graph, before, lengths, limit,
+                                    f"syncfree: a sequence length exceeds the static bound that replaced its max "
+                                    f"(max_context_len={bound}) at {node_location(before)}")
             parts.append("lengths asserted on the device")
+        for check in proof.checks:
+            _insert_bound_check(graph, check.compare, check.lengths, check.limit,
+                                f"syncfree: the check at {node_location(check.compare)} failed: a length exceeds "
+                                f"{check.limit}")
+            _erase_if_dead(graph, check.asserts + [check.compare])
+            parts.append(f"the check at {node_location(check.compare)} runs on the device")
+        if proof.escapes:
+            parts.append(self._static_escapes(graph, proof, tables))
         _erase_if_dead(graph, proof.offsets)
         _erase_if_dead(graph, [point.value] + point.nodes)
         for swap in proof.swaps:
             _erase_if_dead(graph, [swap.copy])
         return "rewritten: " + "; ".join(parts)
+
+    def _static_escapes(self, graph, proof: Proof, tables) -> str:
+        """options['static_escapes']: what leaves the graph leaves at the static width / as the static bound."""
+        output = graph.output_node()
+        replace: dict[torch.fx.Node, object] = {}
+        for escape in proof.escapes:
+            limit = self.options.max_context_len + escape.offset
+            if escape.what == "max":
+                replace[escape.node] = limit
+            elif escape.what == "table":
+                replace[escape.node] = tables[escape.node]
+            else:
+                pages = max(1, ceil_div(limit, escape.page_size))
+                replace[escape.node] = _call(graph, output, torch.arange, (0, pages * escape.page_size,
+                                                                          escape.page_size), escape.node,
+                                             device=example_value(escape.node).device)
+        output.args = torch.fx.node.map_aggregate(output.args, lambda a: replace.get(a, a) if isinstance(
+            a, torch.fx.Node) else a)
+        _erase_if_dead(graph, list(replace))
+        return "escaping metadata leaves at the static bound (options['static_escapes'])"
 
     @staticmethod
     def _report_host_copies(graph, points, mirrors, report: SyncReport) -> None:

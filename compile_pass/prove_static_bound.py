@@ -23,12 +23,14 @@ from ._compat import example_value
 from .consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
 from .find_sync_points import SyncPoint
 from .mutations import first_write
+from .normalize import (INT_DTYPES, arange_step, as_gather, ceil_div, column_step, constant_add, device_of,
+                        dtype_of,
+                        floor_divisor, is_value_cast, min_clamp, scalar_add, strip_kept_values, value_kept_input)
 from .report import node_location
 
-_INT = (torch.int32, torch.int64)
+_INT = INT_DTYPES
 _COMPARES = {operator.ge, operator.le, operator.gt, operator.lt, operator.eq, operator.ne}
 _ASSERTS = {torch.ops.aten._assert_scalar.default}
-_KEEP_VALUE_METHODS = {"to", "type", "int", "long", "contiguous", "clone", "cuda", "cpu"}
 _ARITHMETIC = {operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow, operator.neg,
                operator.add, operator.sub, torch.sym_max, torch.sym_min}
 
@@ -77,13 +79,35 @@ class MirrorSwap:
 
 
 @dataclasses.dataclass
+class CheckPlan:
+    """A user's `torch._check(m + c <= T)`: kept as a device assertion that every length is <= limit."""
+
+    compare: torch.fx.Node
+    asserts: list[torch.fx.Node]
+    lengths: torch.fx.Node  # the values the max was taken over, on the device where possible
+    limit: int
+
+
+@dataclasses.dataclass
+class Escape:
+    """Under options['static_escapes']: the max (+ offset) or a value sized by it leaves the graph."""
+
+    node: torch.fx.Node  # the escaping node (the max, m + c, the page table, the strided column index)
+    offset: int
+    what: str  # "max", "table" or "columns"
+    page_size: int = 1
+
+
+@dataclasses.dataclass
 class Proof:
     safe: bool
     reason: str
     gathers: list[GatherPlan] = dataclasses.field(default_factory=list)
     bounds: list[BoundPlan] = dataclasses.field(default_factory=list)
-    offsets: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # the m + c nodes
+    offsets: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # the m + c, min(m, T) nodes
     swaps: list[MirrorSwap] = dataclasses.field(default_factory=list)
+    checks: list[CheckPlan] = dataclasses.field(default_factory=list)
+    escapes: list[Escape] = dataclasses.field(default_factory=list)
 
 
 class Unsafe(Exception):
@@ -113,104 +137,6 @@ def why_not(user: torch.fx.Node, what: str) -> str:
     return f"{what} reaches {where}, not a self-guarding consumer"
 
 
-def _dtype(node):
-    return getattr(example_value(node), "dtype", None)
-
-
-def _device(node):
-    return getattr(example_value(node), "device", None)
-
-
-def value_kept_input(node, allow_moves: bool = False):
-    """If `node` is a unary op that keeps every value of its input (an int32/int64 cast, contiguous, clone,
-    and with allow_moves a device copy), that input; else None."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
-        return None
-    source = node.args[0]
-    if not isinstance(source, torch.fx.Node):
-        return None
-    if _dtype(node) not in _INT or _dtype(source) not in _INT:
-        return None
-    out, inp = example_value(node), example_value(source)
-    if getattr(out, "shape", None) != getattr(inp, "shape", None):
-        return None
-    if not allow_moves and _device(node) != _device(source):
-        return None
-    return source
-
-
-def strip_kept_values(node, allow_moves: bool = False) -> tuple:
-    """(root, nodes passed through): follow value-keeping ops down to the tensor they copy."""
-    passed = []
-    while True:
-        inner = value_kept_input(node, allow_moves)
-        if inner is None:
-            return node, passed
-        passed.append(node)
-        node = inner
-
-
-def _constant_add(node):
-    """`x + k` / `k + x` / `x.add(k)` / `torch.add(x, k)` on an int tensor with an int k: (x, k), else None."""
-    if not isinstance(node, torch.fx.Node) or _dtype(node) not in _INT:
-        return None
-    if node.op == "call_function" and node.target in (operator.add, torch.add):
-        a, b = (node.args + (None,))[:2]
-    elif node.op == "call_method" and node.target in ("add", "__add__", "__radd__"):
-        a, b = (node.args + (None,))[:2]
-    else:
-        return None
-    if node.kwargs and node.kwargs != {"alpha": 1}:
-        return None
-    for x, k in ((a, b), (b, a)):
-        if isinstance(x, torch.fx.Node) and isinstance(k, int) and not isinstance(k, bool):
-            return x, k
-    return None
-
-
-def _is_gather(user: torch.fx.Node, m: torch.fx.Node) -> bool:
-    if user.op != "call_function" or user.target is not operator.getitem:
-        return False
-    index = user.args[1]
-    return (
-        isinstance(index, tuple) and len(index) == 2 and isinstance(index[0], torch.fx.Node)
-        and isinstance(index[1], slice) and index[1].start in (None, 0) and index[1].stop is m
-        and index[1].step is not m and index[0] is not m
-    )
-
-
-def _int_arg(node: torch.fx.Node, index: int):
-    value = node.args[index] if len(node.args) > index else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
-    """The constant of `node // c`, `node.floor_divide(c)`, `torch.div(node, c, rounding_mode="floor")`."""
-    if nxt.args[:1] != (node,):
-        return None
-    if nxt.op == "call_function" and nxt.target is operator.floordiv:
-        return _int_arg(nxt, 1)
-    if nxt.op == "call_method" and nxt.target in ("__floordiv__", "floor_divide"):
-        return _int_arg(nxt, 1)
-    if nxt.op in ("call_method", "call_function") and nxt.target in ("div", torch.div) \
-            and nxt.kwargs.get("rounding_mode") == "floor":
-        return _int_arg(nxt, 1)
-    return None
-
-
-def _column_step(nxt: torch.fx.Node, node: torch.fx.Node):
-    """The step of `node[:, ::step]`, or None."""
-    if nxt.op != "call_function" or nxt.target is not operator.getitem or nxt.args[0] is not node:
-        return None
-    index = nxt.args[1]
-    if not (isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None)):
-        return None
-    cols = index[1]
-    if isinstance(cols, slice) and cols.start in (None, 0) and cols.stop is None and isinstance(cols.step, int):
-        return cols.step
-    return None
-
-
 def _true_for_any_width(compare: torch.fx.Node, sym: torch.fx.Node, most: int) -> bool:
     """Is `compare` (on a width known to lie in [0, most]) true whatever the width? Only such checks are
     Dynamo's own bookkeeping; a user's check on the width must keep its meaning."""
@@ -231,11 +157,14 @@ def _true_for_any_width(compare: torch.fx.Node, sym: torch.fx.Node, most: int) -
 
 
 class _Prover:
-    def __init__(self, graph: torch.fx.Graph, point: SyncPoint, mirrors, page_size_option: int | None):
+    def __init__(self, graph: torch.fx.Graph, point: SyncPoint, mirrors, page_size_option: int | None,
+                 bound: int, static_escapes: bool):
         self.graph = graph
         self.point = point
         self.mirrors = mirrors
         self.page_size_option = page_size_option
+        self.bound = bound
+        self.static_escapes = static_escapes
         self.proof = Proof(True, "")
         self.source_root, self.source_chain = strip_kept_values(point.source, allow_moves=True)
         self.first = min(point.nodes, key=self._index)
@@ -251,13 +180,13 @@ class _Prover:
         if entry.lengths is None:
             raise Unsafe(f"{entry.name} is registered without a lengths argument: the bound cannot be tied to it")
         lengths = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs).get(entry.lengths)
-        if not isinstance(lengths, torch.fx.Node) or _dtype(lengths) not in _INT:
+        if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in _INT:
             raise Unsafe(f"{entry.name}'s {entry.lengths} is not an int32/int64 tensor of the graph")
         node, k, chain = lengths, 0, []
         while True:
             root, passed = strip_kept_values(node, allow_moves=True)
             chain += passed
-            add = _constant_add(root)
+            add = constant_add(root)
             if add is None:
                 break
             chain.append(root)
@@ -289,12 +218,12 @@ class _Prover:
 
     def maybe_swap_mirror_copy(self, consumer_node, argument, lengths, chain):
         """`cache_seqlens = seq_lens_cpu.to(dev)`: the rewrite may read the device twin instead of copying."""
-        if any(_constant_add(n) for n in chain):
+        if any(constant_add(n) for n in chain):
             return
         for node in chain:
             inner = node.args[0]
             if node.target in ("to", "cuda") and inner in self.mirrors and self.mirrors[inner] is not None \
-                    and _device(self.mirrors[inner]) == _device(lengths) and _device(inner) != _device(lengths):
+                    and device_of(self.mirrors[inner]) == device_of(lengths) and device_of(inner) != device_of(lengths):
                 self.check_no_writes(consumer_node, [inner, self.mirrors[inner]], "the CPU mirror or its twin",
                                      start=None)
                 self.proof.swaps.append(MirrorSwap(consumer_node, argument, lengths, self.mirrors[inner]))
@@ -311,19 +240,33 @@ class _Prover:
             )
 
     # -- uses of the max --------------------------------------------------------------------------------
-    def follow_value(self, node: torch.fx.Node, offset: int):
+    def follow_value(self, node: torch.fx.Node, offset: int, clamped: bool = False):
         for user in list(node.users):
-            add = _scalar_add(user, node)
-            if add is not None:
+            add = scalar_add(user, node)
+            if add is not None and not clamped:
                 if add < 0:
                     raise Unsafe(f"the max minus {-add} ({describe_use(user)}) is not an upper bound")
                 self.proof.offsets.append(user)
                 self.follow_value(user, offset + add)
                 continue
+            clamp = min_clamp(user, node)
+            if clamp is not None:
+                if clamp < self.bound + offset:
+                    raise Unsafe(f"the clamp at {node_location(user)} to {clamp} is below the static bound "
+                                 f"{self.bound + offset}: it would change the value")
+                self.proof.offsets.append(user)  # min(m + c, T) == m + c for every m within the bound
+                self.follow_value(user, offset, clamped=True)
+                continue
             if user.op == "call_function" and user.target is operator.sub:
                 raise Unsafe(f"the max is used in a subtraction ({describe_use(user)}): not an upper bound")
-            if _is_gather(user, node):
-                self.follow_gather(user, offset)
+            gather = as_gather(user, node)
+            if gather is not None:
+                self.follow_gather(user, gather, offset)
+                continue
+            if self.is_user_check(user, node, offset):
+                continue
+            if user.op == "output" and self.static_escapes:
+                self.proof.escapes.append(Escape(node, offset, "max"))
                 continue
             entry = _consumer_of(user)
             if entry is not None:
@@ -336,23 +279,54 @@ class _Prover:
                 raise Unsafe(f"passed to {entry.name} as {names}, which is not an upper-bound argument")
             raise Unsafe(why_not(user, "the max"))
 
-    def bookkeeping_of(self, sym: torch.fx.Node, most: int) -> list[torch.fx.Node]:
+    def is_user_check(self, compare: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
+        """`torch._check(m + c <= T)` (or `<`): kept, as a device assertion on the lengths (no host read)."""
+        if compare.op != "call_function" or compare.target not in _COMPARES or len(compare.args) != 2:
+            return False
+        a, b = compare.args
+        limits = {(operator.le, 0): b, (operator.lt, 0): b, (operator.ge, 1): a, (operator.gt, 1): a}
+        side = 0 if a is node else 1 if b is node else None
+        limit = limits.get((compare.target, side))
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            return False
+        if not compare.users or not all(u.op == "call_function" and u.target in _ASSERTS for u in compare.users):
+            return False
+        strict = compare.target in (operator.lt, operator.gt)
+        lengths = self.source_root
+        if lengths in self.mirrors and self.mirrors[lengths] is not None:
+            lengths = self.mirrors[lengths]  # assert on the device, where the step runs
+            self.check_no_writes(compare, [self.source_root, lengths], "the CPU mirror or its twin", start=None)
+        self.check_no_writes(compare, [self.source_root, *self.source_chain], "the lengths",
+                             start=min([self.first, *self.source_chain], key=self._index))
+        self.proof.checks.append(CheckPlan(compare, list(compare.users), lengths,
+                                           limit - offset - (1 if strict else 0)))
+        return True
+
+    def bookkeeping_of(self, sym: torch.fx.Node, most: int, of: torch.fx.Node) -> list[torch.fx.Node]:
         found = [sym]
-        for cmp in sym.users:
-            if cmp.op != "call_function" or cmp.target not in _COMPARES:
-                raise Unsafe(f"the page table's width is used by {describe_use(cmp)}")
-            if not _true_for_any_width(cmp, sym, most):
-                raise Unsafe(f"the page table's width is checked at {node_location(cmp)} (a user assertion), "
+        for user in sym.users:
+            if arange_step(user, of) is not None:
+                for index in user.users:  # the strided column index must serve only `of[:, index]`
+                    if column_step(index, of) is None and not (index.op == "output" and self.static_escapes):
+                        raise Unsafe(f"the strided column index reaches {describe_use(index)}")
+                    if index.op == "output":
+                        self.proof.escapes.append(Escape(user, 0, "columns", arange_step(user, of)))
+                found.append(user)
+                continue
+            if user.op != "call_function" or user.target not in _COMPARES:
+                raise Unsafe(f"the page table's width is used by {describe_use(user)}")
+            if not _true_for_any_width(user, sym, most):
+                raise Unsafe(f"the page table's width is checked at {node_location(user)} (a user assertion), "
                              "which must keep its meaning")
-            found.append(cmp)
-            for check in cmp.users:
+            found.append(user)
+            for check in user.users:
                 if check.op != "call_function" or check.target not in _ASSERTS:
                     raise Unsafe(f"the page table's width is used by {describe_use(check)}")
                 found.append(check)
         return found
 
-    def follow_gather(self, gather: torch.fx.Node, offset: int):
-        table, (rpi, sl) = gather.args[0], gather.args[1]
+    def follow_gather(self, gather: torch.fx.Node, spelled, offset: int):
+        table, rpi = spelled.table, spelled.rows
         tv, rv = example_value(table), example_value(rpi)
         if getattr(tv, "dtype", None) not in _INT or getattr(tv, "ndim", 0) != 2:
             raise Unsafe(f"the sliced tensor {table.name} is not a 2-D int32/int64 token table "
@@ -360,12 +334,12 @@ class _Prover:
         if getattr(rv, "dtype", None) not in _INT or getattr(rv, "ndim", 0) != 1:
             raise Unsafe(f"the request indices {rpi.name} are {getattr(rv, 'dtype', None)} "
                          f"{tuple(getattr(rv, 'shape', ()))}, not a 1-D int32/int64 tensor")
-        step = sl.step
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
+        step = spelled.step
+        if step is not None and step < 1:
             raise Unsafe(f"the page-table slice step {step!r} is not a constant page size")
         width = int(tv.shape[1])
-        most = width if step is None else -(-width // step)
-        chain, bookkeeping, divisor = [gather], [], None
+        most = width if step is None else ceil_div(width, step)
+        chain, bookkeeping, divisor, escapes = [*spelled.extra, gather], [], None, False
         node = gather
         while True:
             nexts, consumers = [], []
@@ -373,13 +347,19 @@ class _Prover:
                 if user.op == "call_function" and user.target is torch.ops.aten.sym_size.int:
                     if user.args[1:] not in ((1,), (-1,)):
                         raise Unsafe(f"the page table's size is read by {describe_use(user)}")
-                    bookkeeping.extend(self.bookkeeping_of(user, most))
+                    bookkeeping.extend(self.bookkeeping_of(user, most, node))
+                    continue
+                if user.op == "output" and self.static_escapes:
+                    escapes = True
                     continue
                 entry = _consumer_of(user)
                 if entry is not None:
                     consumers.append((user, entry))
                 else:
                     nexts.append(user)
+            if escapes and (nexts or not consumers):
+                raise Unsafe("the page table leaves the graph before it is complete (or without a consumer to tie "
+                             "its lengths to)")
             if consumers and nexts:
                 raise Unsafe(why_not(nexts[0], "the page table also"))
             if consumers:
@@ -388,17 +368,17 @@ class _Prover:
                 uses = ", ".join(sorted({describe_use(u) for u in nexts})) or "nothing"
                 raise Unsafe(f"the page table reaches {uses}: not only self-guarding consumers")
             nxt = nexts[0]
-            column_step = _column_step(nxt, node)
-            div = _floor_divisor(nxt, node)
-            if column_step is not None and step is None and column_step >= 1:
-                step = column_step
-                most = -(-most // step)
+            cols = column_step(nxt, node)
+            div = floor_divisor(nxt, node)
+            if cols is not None and step is None and cols >= 1:
+                step = cols
+                most = ceil_div(most, step)
             elif div is not None and divisor is None and div >= 1:
                 divisor = div
             elif value_kept_input(nxt) is node:
                 pass
-            elif nxt.op == "call_method" and nxt.target in _KEEP_VALUE_METHODS:
-                raise Unsafe(f"the page table is cast to {_dtype(nxt)} at {node_location(nxt)}, which changes "
+            elif is_value_cast(nxt):
+                raise Unsafe(f"the page table is cast to {dtype_of(nxt)} at {node_location(nxt)}, which changes "
                              "values (only int32/int64 casts keep them)")
             else:
                 raise Unsafe(why_not(nxt, "the page table"))
@@ -412,6 +392,11 @@ class _Prover:
             )
         if self.page_size_option is not None and step != self.page_size_option:
             raise Unsafe(f"the gather's page size {step} differs from options['page_size']={self.page_size_option}")
+        if escapes:
+            self.proof.escapes.append(Escape(node, offset, "table", step))
+        for escape in self.proof.escapes:
+            if escape.what == "columns":
+                escape.offset = offset
         groups: dict[torch.fx.Node, ConsumerGroup] = {}
         for consumer_node, entry in sorted(consumers, key=lambda c: self._index(c[0])):
             args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
@@ -445,30 +430,20 @@ class _Prover:
                                  "would stay")
 
 
-def _scalar_add(user: torch.fx.Node, m: torch.fx.Node):
-    """c for `m + c` / `c + m` with an int constant c; None for anything else."""
-    if user.op != "call_function" or user.target is not operator.add:
-        return None
-    other = user.args[1] if user.args[0] is m else user.args[0]
-    if isinstance(other, int) and not isinstance(other, bool):
-        return other
-    return None
-
-
 def _consumer_of(node: torch.fx.Node):
     if node.op != "call_function":
         return None
     return lookup_consumer(node.target)
 
 
-def prove_static_bound(graph: torch.fx.Graph, point: SyncPoint, mirrors,
-                       page_size_option: int | None = None) -> Proof:
+def prove_static_bound(graph: torch.fx.Graph, point: SyncPoint, mirrors, page_size_option: int | None,
+                       bound: int, static_escapes: bool = False) -> Proof:
     """Apply the safety rule to one dynamic max; Proof.safe says whether it may become the static bound."""
     if not point.is_max:
         return Proof(False, "not a max over a lengths tensor: no static bound applies")
-    if _dtype(point.source) not in _INT:
-        return Proof(False, f"the max is taken over a {_dtype(point.source)} tensor, not int32/int64 lengths")
-    prover = _Prover(graph, point, mirrors, page_size_option)
+    if dtype_of(point.source) not in _INT:
+        return Proof(False, f"the max is taken over a {dtype_of(point.source)} tensor, not int32/int64 lengths")
+    prover = _Prover(graph, point, mirrors, page_size_option, bound, static_escapes)
     try:
         if point.kind == "tolist":
             prover.check_tolist_elements()
@@ -476,5 +451,5 @@ def prove_static_bound(graph: torch.fx.Graph, point: SyncPoint, mirrors,
     except Unsafe as e:
         return Proof(False, str(e))
     if not prover.proof.gathers and not prover.proof.bounds:
-        return Proof(False, "the max has no use")
+        return Proof(False, "the max feeds no page table and no upper bound: nothing to rewrite")
     return prover.proof

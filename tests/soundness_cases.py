@@ -428,11 +428,66 @@ def user_check_on_the_width(x):
     return SUM(t, x.seq_lens, 1, m)
 
 
-@kept("compared")
+@rewritten
 def user_check_on_the_max(x):
     m = x.seq_lens.max().item()
-    torch._check(m <= 50)
+    torch._check(m <= 50)  # kept, as a device assertion: raises exactly when eager does
     return SUM(table(x, m), x.seq_lens, 1, m)
+
+
+@rewritten
+def user_check_strict_on_the_offset_max(x):
+    m = x.seq_lens.max().item() + 2
+    torch._check(m < 60)
+    return SUM(table(x, m, 4), x.seq_lens, 4, m)
+
+
+@rewritten
+def chained_row_gather(x):
+    m = x.seq_lens.max().item()
+    return SUM(x.req_to_token[x.req_pool_indices][:, :m:4] // 4, x.seq_lens, 4, m)
+
+
+@rewritten
+def strided_arange_columns(x):
+    m = x.seq_lens.max().item()
+    t = x.req_to_token[x.req_pool_indices, :m]
+    strided = torch.arange(0, t.shape[1], 4, device=t.device)
+    return SUM(t[:, strided] // 4, x.seq_lens, 4, m)
+
+
+@rewritten
+def min_clamp_above_the_bound(x):
+    m = min(x.seq_lens.max().item() + 1, TOKENS)
+    return SUM(table(x, m, 2), x.seq_lens, 2, m)
+
+
+@kept("below the static bound")
+def min_clamp_below_the_bound(x):
+    m = min(x.seq_lens.max().item(), 40)
+    return SUM(table(x, m), x.seq_lens.clamp(max=40), 1, m)
+
+
+@kept("compared")
+def user_check_lower_bound(x):
+    m = x.seq_lens.max().item()
+    torch._check(m >= 1)
+    return SUM(table(x, m), x.seq_lens, 1, m)
+
+
+@kept("strided column index")
+def strided_arange_used_elsewhere(x):
+    m = x.seq_lens.max().item()
+    t = x.req_to_token[x.req_pool_indices, :m]
+    strided = torch.arange(0, t.shape[1], 4)
+    return SUM(t[:, strided] // 4, x.seq_lens, 4, m), strided.sum()
+
+
+@kept("neither a page-table bound")
+def row_gather_also_returned(x):
+    m = x.seq_lens.max().item()
+    rows = x.req_to_token[x.req_pool_indices]
+    return SUM(rows[:, :m], x.seq_lens, 1, m), rows
 
 
 @kept("width is used")

@@ -1,0 +1,265 @@
+"""The canonical vocabulary: the many ways Dynamo spells one thing, each mapped to one small form.
+
+Rules (find_sync_points, prove_static_bound) match on these forms only, never on raw spellings:
+
+    full max      t.max() | t.amax() | torch.max(t) | torch.amax(t) | t.max(dim=0).values (1-D) | numpy a.max()
+    host read     t.item() | int(t) | numpy int(a)                                   (wrapped_item)
+    host copy     t.cpu() | t.to("cpu") | t.numpy()
+    value kept    t.int() | t.long() | t.to(int32|int64) | t.type(..) | .contiguous() | .clone() (+ device copies)
+    x + k         x + k | k + x | x.add(k) | torch.add(x, k)                          (int tensor, int k)
+    gather        X[rows, :m:s] | X[rows, 0:m:s] | X[rows][:, :m:s]                   -> Gather(X, rows, s, extra)
+    column step   T[:, ::s] | T[:, torch.arange(0, T.shape[1], s)]                    -> s
+    floor div     T // c | T.floor_divide(c) | torch.div(T, c, rounding_mode="floor") -> c
+    m + c         m + c | c + m (c an int)                                            -> c   (m - c: None)
+    min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx
+
+from ._compat import example_value
+
+INT_DTYPES = (torch.int32, torch.int64)
+_KEEP_VALUE_METHODS = {"to", "type", "int", "long", "contiguous", "clone", "cuda", "cpu"}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def callable_name(node: torch.fx.Node) -> str:
+    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+
+
+def dtype_of(node):
+    return getattr(example_value(node), "dtype", None)
+
+
+def device_of(node):
+    return getattr(example_value(node), "device", None)
+
+
+def _int_const(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- host reads -------------------------------------------------------------------------------------------
+def _is_max_call(node: torch.fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("max", "amax")
+    return node.op == "call_function" and node.target in (torch.max, torch.amax)
+
+
+def max_source(node):
+    """The tensor whose every element a max node reduces, or None (see the module docstring)."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0:
+        inner = node.args[0]
+        if not isinstance(inner, torch.fx.Node) or not _is_max_call(inner):
+            return None
+        dims = [d for d in list(inner.args[1:]) + [inner.kwargs.get("dim")] if d is not None]
+        source = inner.args[0]
+        shape = getattr(example_value(source), "shape", None)
+        if len(dims) == 1 and dims[0] in (0, -1) and shape is not None and len(shape) == 1 \
+                and not inner.kwargs.get("keepdim", False):
+            return source
+        return None
+    if len(node.args) != 1 or any(v is not None for v in node.kwargs.values()):
+        return None
+    if _is_max_call(node) or callable_name(node) in ("wrapped_max", "wrapped_amax"):
+        source = node.args[0]
+        # numpy: Dynamo reads a CPU tensor as an array through `t.view_as(t)`
+        if isinstance(source, torch.fx.Node) and source.op == "call_method" and source.target == "view_as":
+            source = source.args[0]
+        return source if isinstance(source, torch.fx.Node) else None
+    return None
+
+
+def is_full_max(node) -> bool:
+    return max_source(node) is not None
+
+
+def max_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes a full max is made of (the max itself, numpy's view, dim-max's getitem)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return [node.args[0], node]
+    if callable_name(node) in ("wrapped_max", "wrapped_amax") and node.args[0] is not max_source(node):
+        return [node.args[0], node]
+    return [node]
+
+
+def is_item(node) -> bool:
+    """`t.item()`, `int(t)` and a numpy scalar read (Dynamo's `wrapped_item`): a host read of one value."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    return (node.op == "call_method" and node.target == "item") or callable_name(node) == "wrapped_item"
+
+
+def _is_cpu_device(value) -> bool:
+    try:
+        return torch.device(value).type == "cpu"
+    except (TypeError, RuntimeError):
+        return False
+
+
+def is_host_copy(node: torch.fx.Node) -> bool:
+    if node.op != "call_method":
+        return False
+    if node.target in ("cpu", "numpy"):
+        return True
+    if node.target == "to":
+        values = list(node.args[1:]) + [node.kwargs.get("device")]
+        return any(isinstance(v, (str, torch.device)) and _is_cpu_device(v) for v in values)
+    return False
+
+
+# -- values -----------------------------------------------------------------------------------------------
+def value_kept_input(node, allow_moves: bool = False):
+    """If `node` keeps every value of its input (an int32/int64 cast, contiguous, clone, and with allow_moves a
+    device copy), that input; else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
+        return None
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node):
+        return None
+    if dtype_of(node) not in INT_DTYPES or dtype_of(source) not in INT_DTYPES:
+        return None
+    if getattr(example_value(node), "shape", None) != getattr(example_value(source), "shape", None):
+        return None
+    if not allow_moves and device_of(node) != device_of(source):
+        return None
+    return source
+
+
+def is_value_cast(node) -> bool:
+    """A cast-like method, whatever it does to values (value_kept_input says whether it keeps them)."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in _KEEP_VALUE_METHODS
+
+
+def strip_kept_values(node, allow_moves: bool = False) -> tuple:
+    """(root, nodes passed through): follow value-keeping ops down to the tensor they copy."""
+    passed = []
+    while True:
+        inner = value_kept_input(node, allow_moves)
+        if inner is None:
+            return node, passed
+        passed.append(node)
+        node = inner
+
+
+def constant_add(node):
+    """`x + k` on an int tensor with an int k: (x, k), else None."""
+    if not isinstance(node, torch.fx.Node) or dtype_of(node) not in INT_DTYPES:
+        return None
+    if not ((node.op == "call_function" and node.target in (operator.add, torch.add))
+            or (node.op == "call_method" and node.target in ("add", "__add__", "__radd__"))):
+        return None
+    if node.kwargs and node.kwargs != {"alpha": 1}:
+        return None
+    a, b = (tuple(node.args) + (None,))[:2]
+    for x, k in ((a, b), (b, a)):
+        if isinstance(x, torch.fx.Node) and _int_const(k):
+            return x, k
+    return None
+
+
+# -- the max as a host int --------------------------------------------------------------------------------
+def scalar_add(user: torch.fx.Node, m: torch.fx.Node):
+    """c for `m + c` / `c + m` with an int constant c; None for anything else."""
+    if user.op != "call_function" or user.target is not operator.add:
+        return None
+    other = user.args[1] if user.args[0] is m else user.args[0]
+    return other if _int_const(other) else None
+
+
+def min_clamp(user: torch.fx.Node, m: torch.fx.Node):
+    """T for `min(m, T)` / `torch.sym_min(m, T)` with an int T; None otherwise."""
+    if user.op != "call_function" or user.target not in (min, torch.sym_min) or len(user.args) != 2:
+        return None
+    other = user.args[1] if user.args[0] is m else user.args[0]
+    return other if _int_const(other) else None
+
+
+# -- page-table gathers -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Gather:
+    table: torch.fx.Node  # the [R, T] token table
+    rows: torch.fx.Node  # the request indices
+    step: int | None  # the slice's step
+    extra: list[torch.fx.Node]  # nodes of the spelling besides the gather itself (a chained row gather)
+
+
+def _stop_slice(index, m) -> bool:
+    return (isinstance(index, slice) and index.start in (None, 0) and index.stop is m and index.step is not m
+            and (index.step is None or _int_const(index.step)))
+
+
+def as_gather(user: torch.fx.Node, m: torch.fx.Node) -> Gather | None:
+    """`X[rows, :m:s]`, or `X[rows][:, :m:s]` when the row gather has no other use."""
+    if user.op != "call_function" or user.target is not operator.getitem:
+        return None
+    base, index = user.args
+    if not (isinstance(index, tuple) and len(index) == 2 and _stop_slice(index[1], m)):
+        return None
+    step = index[1].step
+    if isinstance(index[0], torch.fx.Node) and index[0] is not m:
+        return Gather(base, index[0], step, [])
+    if index[0] == slice(None) and isinstance(base, torch.fx.Node) and base.op == "call_function" \
+            and base.target is operator.getitem and isinstance(base.args[1], torch.fx.Node) \
+            and len(base.users) == 1:
+        return Gather(base.args[0], base.args[1], step, [base])
+    return None
+
+
+def arange_step(node, of: torch.fx.Node):
+    """s for `torch.arange(0, sym_size(of, 1), s)` (the strided column index SGLang builds); else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target is not torch.arange:
+        return None
+    args = list(node.args)
+    if len(args) == 2:
+        args.append(node.kwargs.get("step", 1))
+    if len(args) != 3 or args[0] != 0 or not _int_const(args[2]) or args[2] < 1:
+        return None
+    stop = args[1]
+    if not (isinstance(stop, torch.fx.Node) and stop.op == "call_function"
+            and stop.target is torch.ops.aten.sym_size.int and stop.args[0] is of and stop.args[1] in (1, -1)):
+        return None
+    if any(k not in ("device", "dtype", "step") for k in node.kwargs):
+        return None
+    return args[2]
+
+
+def column_step(nxt: torch.fx.Node, node: torch.fx.Node):
+    """The step of `node[:, ::step]` or `node[:, torch.arange(0, node.shape[1], step)]`, or None."""
+    if nxt.op != "call_function" or nxt.target is not operator.getitem or nxt.args[0] is not node:
+        return None
+    index = nxt.args[1]
+    if not (isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None)):
+        return None
+    cols = index[1]
+    if isinstance(cols, slice) and cols.start in (None, 0) and cols.stop is None and _int_const(cols.step):
+        return cols.step
+    return arange_step(cols, node)
+
+
+def floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
+    """The constant c of `node // c` in any of its spellings, or None."""
+    if tuple(nxt.args[:1]) != (node,):
+        return None
+    value = nxt.args[1] if len(nxt.args) > 1 else None
+    if not _int_const(value):
+        return None
+    if nxt.op == "call_function" and nxt.target is operator.floordiv:
+        return value
+    if nxt.op == "call_method" and nxt.target in ("__floordiv__", "floor_divide"):
+        return value
+    if nxt.op in ("call_method", "call_function") and nxt.target in ("div", torch.div) \
+            and nxt.kwargs.get("rounding_mode") == "floor":
+        return value
+    return None
