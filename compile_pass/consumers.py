@@ -117,10 +117,10 @@ def bind_arguments(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def register_builtin_consumers() -> None:
-    register_self_guarding_consumer("syncfree::paged_decode", page_table="page_table", lengths="cache_seqlens")
-    for name in ("syncfree::fa4_paged", "syncfree::fa_with_kvcache"):
-        register_self_guarding_consumer(name, page_table="page_table", lengths="cache_seqlens",
-                                        upper_bounds=("max_seqlen_k",))
+    from . import kernels
+
+    for name, facts in kernels.SELF_GUARDING.items():
+        register_self_guarding_consumer(name, **facts)
     # torch's varlen attention (torch >= 2.13 takes a block table and seqused_k); max_q/max_k are upper bounds.
     try:
         import torch.nn.attention.varlen  # noqa: F401  (defines the torch_attn ops)

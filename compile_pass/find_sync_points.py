@@ -86,11 +86,10 @@ def find_cpu_mirrors(graph: torch.fx.Graph, mirrors: dict[str, str]) -> dict[tor
         value = example_value(node)
         if getattr(getattr(value, "device", None), "type", None) != "cpu":
             continue  # named like a mirror, but not on the host: reading it is a device sync
-        prefix = source[: len(source) - len(attr)]
-        if prefix.endswith("['"):
-            twin_source = prefix + twin_attr + "']"
-        else:
-            twin_source = prefix + twin_attr
+        if source.endswith(f"['{attr}']"):  # L['seq_lens_cpu'], L['fb']['seq_lens_cpu']
+            twin_source = source[: -len(attr) - 2] + twin_attr + "']"
+        else:  # L['fb'].seq_lens_cpu
+            twin_source = source[: -len(attr)] + twin_attr
         twin = by_source.get(twin_source)
         twin_value = example_value(twin)
         if twin is not None and (getattr(twin_value, "shape", None) != value.shape

@@ -140,9 +140,12 @@ class PageTableRewrite:
                     b.lengths = replacement
             parts.append(f"lengths read from the device twin {swap.twin.name}")
         checks: dict[tuple, torch.fx.Node] = {}
+        dead: list[torch.fx.Node] = []  # erased at the end, once nothing uses them
         tables: dict[torch.fx.Node, torch.fx.Node] = {}  # a plan's old terminal -> its first rebuilt table
         for plan in proof.gathers:
-            max_pages = max(1, ceil_div(bound + plan.offset, plan.page_size))
+            # As wide as the bound needs, and never wider than the token table (eager's gather is not either).
+            max_pages = max(1, min(ceil_div(bound + plan.offset, plan.page_size),
+                                   ceil_div(plan.token_width, plan.page_size)))
             for group in plan.groups:
                 first = group.consumers[0][0]
                 table = _call(graph, first, torch.ops.syncfree.page_table.default,
@@ -152,7 +155,7 @@ class PageTableRewrite:
                 for consumer, entry in group.consumers:
                     _set_argument(consumer, entry.page_table, table)
                 checks.setdefault((group.lengths, bound + group.length_offset), first)
-            _erase_if_dead(graph, plan.bookkeeping + plan.chain)
+            dead += plan.bookkeeping + plan.chain
             parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size})")
         for b in proof.bounds:
             value = bound + b.offset
@@ -169,14 +172,12 @@ class PageTableRewrite:
             _insert_bound_check(graph, check.compare, check.lengths, check.limit,
                                 f"syncfree: the check at {node_location(check.compare)} failed: a length exceeds "
                                 f"{check.limit}")
-            _erase_if_dead(graph, check.asserts + [check.compare])
+            dead += check.asserts + [check.compare]
             parts.append(f"the check at {node_location(check.compare)} runs on the device")
         if proof.escapes:
             parts.append(self._static_escapes(graph, proof, tables))
-        _erase_if_dead(graph, proof.offsets)
-        _erase_if_dead(graph, [point.value] + point.nodes)
-        for swap in proof.swaps:
-            _erase_if_dead(graph, [swap.copy])
+        dead += proof.offsets + [point.value] + point.nodes + [swap.copy for swap in proof.swaps]
+        _erase_if_dead(graph, dead)
         return "rewritten: " + "; ".join(parts)
 
     def _static_escapes(self, graph, proof: Proof, tables) -> str:
@@ -190,13 +191,12 @@ class PageTableRewrite:
             elif escape.what == "table":
                 replace[escape.node] = tables[escape.node]
             else:
-                pages = max(1, ceil_div(limit, escape.page_size))
+                pages = tables[escape.table].meta["example_value"].shape[1]
                 replace[escape.node] = _call(graph, output, torch.arange, (0, pages * escape.page_size,
                                                                           escape.page_size), escape.node,
                                              device=example_value(escape.node).device)
         output.args = torch.fx.node.map_aggregate(output.args, lambda a: replace.get(a, a) if isinstance(
             a, torch.fx.Node) else a)
-        _erase_if_dead(graph, list(replace))
         return "escaping metadata leaves at the static bound (options['static_escapes'])"
 
     @staticmethod

@@ -53,10 +53,8 @@ class GatherPlan:
     page_size: int
     offset: int
     bookkeeping: list[torch.fx.Node]  # Dynamo's own sym_size / compare / _assert_scalar nodes on the width
-
-    @property
-    def terminal(self) -> torch.fx.Node:
-        return self.chain[-1]
+    terminal: torch.fx.Node  # the finished table (consumers get it, or a value-keeping cast of it)
+    token_width: int  # req_to_token's width: no gather is wider
 
 
 @dataclasses.dataclass
@@ -96,6 +94,7 @@ class Escape:
     offset: int
     what: str  # "max", "table" or "columns"
     page_size: int = 1
+    table: torch.fx.Node | None = None  # for "columns": the finished table whose width the index spans
 
 
 @dataclasses.dataclass
@@ -354,34 +353,29 @@ class _Prover:
                     continue
                 entry = _consumer_of(user)
                 if entry is not None:
-                    consumers.append((user, entry))
+                    consumers.append((user, entry, node))
                 else:
                     nexts.append(user)
-            if escapes and (nexts or not consumers):
-                raise Unsafe("the page table leaves the graph before it is complete (or without a consumer to tie "
-                             "its lengths to)")
-            if consumers and nexts:
-                raise Unsafe(why_not(nexts[0], "the page table also"))
-            if consumers:
-                break
-            if len(nexts) != 1:
-                uses = ", ".join(sorted({describe_use(u) for u in nexts})) or "nothing"
-                raise Unsafe(f"the page table reaches {uses}: not only self-guarding consumers")
-            nxt = nexts[0]
-            cols = column_step(nxt, node)
-            div = floor_divisor(nxt, node)
+            nxt = nexts[0] if len(nexts) == 1 and not consumers and not escapes else None
+            cols = column_step(nxt, node) if nxt is not None else None
+            div = floor_divisor(nxt, node) if nxt is not None else None
             if cols is not None and step is None and cols >= 1:
                 step = cols
                 most = ceil_div(most, step)
             elif div is not None and divisor is None and div >= 1:
                 divisor = div
-            elif value_kept_input(nxt) is node:
-                pass
-            elif is_value_cast(nxt):
-                raise Unsafe(f"the page table is cast to {dtype_of(nxt)} at {node_location(nxt)}, which changes "
-                             "values (only int32/int64 casts keep them)")
+            elif nxt is not None and value_kept_input(nxt) is node and any(
+                    _consumer_of(u) is None for u in nxt.users):
+                pass  # a cast on the way (not the last one before the consumers)
             else:
-                raise Unsafe(why_not(nxt, "the page table"))
+                # The table is complete: what remains are consumers, directly or each through its own
+                # value-keeping cast (one per layer, say).
+                for user in nexts:
+                    consumers += self.cast_branch(user, node)
+                    chain.append(user)
+                if not consumers:
+                    raise Unsafe("the page table reaches no self-guarding consumer")
+                break
             chain.append(nxt)
             node = nxt
         step = step or 1
@@ -392,15 +386,17 @@ class _Prover:
             )
         if self.page_size_option is not None and step != self.page_size_option:
             raise Unsafe(f"the gather's page size {step} differs from options['page_size']={self.page_size_option}")
+        if escapes and any(via is not node for _, _, via in consumers):
+            raise Unsafe("the page table leaves the graph in another form than its consumers get it")
         if escapes:
             self.proof.escapes.append(Escape(node, offset, "table", step))
         for escape in self.proof.escapes:
-            if escape.what == "columns":
-                escape.offset = offset
+            if escape.what == "columns" and escape.table is None:
+                escape.table = node
         groups: dict[torch.fx.Node, ConsumerGroup] = {}
-        for consumer_node, entry in sorted(consumers, key=lambda c: self._index(c[0])):
+        for consumer_node, entry, via in sorted(consumers, key=lambda c: self._index(c[0])):
             args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
-            names = [k for k, v in args.items() if v is node]
+            names = [k for k, v in args.items() if v is via]
             if entry.page_table is None or names != [entry.page_table]:
                 raise Unsafe(f"the page table is passed to {entry.name} as {names}, not as its page-table argument")
             lengths, k = self.relate_lengths(consumer_node, entry, offset)
@@ -416,7 +412,23 @@ class _Prover:
                                  start=gather)
             group = groups.setdefault(lengths, ConsumerGroup(lengths, [], k))
             group.consumers.append((consumer_node, entry))
-        self.proof.gathers.append(GatherPlan(chain, list(groups.values()), table, rpi, step, offset, bookkeeping))
+        self.proof.gathers.append(GatherPlan(chain, list(groups.values()), table, rpi, step, offset, bookkeeping,
+                                             node, width))
+
+    def cast_branch(self, cast: torch.fx.Node, table: torch.fx.Node) -> list[tuple]:
+        """The consumers behind a value-keeping cast of the finished table; Unsafe for any other use."""
+        if value_kept_input(cast) is not table:
+            if is_value_cast(cast):
+                raise Unsafe(f"the page table is cast to {dtype_of(cast)} at {node_location(cast)}, which changes "
+                             "values (only int32/int64 casts keep them)")
+            raise Unsafe(why_not(cast, "the page table"))
+        found = []
+        for user in cast.users:
+            entry = _consumer_of(user)
+            if entry is None:
+                raise Unsafe(why_not(user, "the page table"))
+            found.append((user, entry, cast))
+        return found
 
     def check_tolist_elements(self):
         """max(t.tolist()): every element read must feed only the max chain, or an `.item()` stays."""

@@ -4,3 +4,6 @@ from . import page_table as _page_table  # noqa: F401  (registers syncfree::page
 from . import paged_decode as _paged_decode  # noqa: F401,E402  (registers syncfree::paged_decode)
 from . import flash_attn as _flash_attn  # noqa: F401,E402  (registers syncfree::fa4_paged, syncfree::fa_with_kvcache)
 from . import kv_store as _kv_store  # noqa: F401,E402  (registers syncfree::store_kv)
+
+# Each op's self-guarding facts, next to the op; compile_pass.consumers registers them.
+SELF_GUARDING = {**_paged_decode.SELF_GUARDING, **_flash_attn.SELF_GUARDING}

@@ -25,6 +25,12 @@ import torch
 from .paged_decode import check_paged_decode_args
 
 
+# Self-guarding facts (see paged_decode.SELF_GUARDING): FA reads ceil(cache_seqlens[b] / page_size) pages of
+# row b, and max_seqlen_k is an upper bound.
+SELF_GUARDING = {name: dict(page_table="page_table", lengths="cache_seqlens", upper_bounds=("max_seqlen_k",))
+                 for name in ("syncfree::fa4_paged", "syncfree::fa_with_kvcache")}
+
+
 class FlashAttentionUnavailable(RuntimeError):
     pass
 

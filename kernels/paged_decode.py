@@ -4,7 +4,7 @@ q [B, Sq, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; page_table in
 Row b attends keys t < L_b = cache_seqlens[b]; key t is slot t % page_size of page page_table[b, t // page_size].
 Query i sits at position L_b - Sq + i and sees keys up to that position. Output [B, Sq, Hq, D] in q's dtype.
 This is a self-guarding consumer: page-table columns and pages past a row's length are never read, so the
-compile pass may hand it a static-width page table whose tail holds anything.
+compile pass may hand it a static-width page table whose tail holds anything (SELF_GUARDING below).
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ import torch
 from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
 from ._triton import device_programs, use_triton
 
+# The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
+# page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
+SELF_GUARDING = {"syncfree::paged_decode": dict(page_table="page_table", lengths="cache_seqlens",
+                                                upper_bounds=("max_seqlen_k",))}
+
 MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).
 # Swept on an H200 (BENCHMARKS.md): BLOCK_N 64, 2 stages, 4 warps; ~8 programs per SM when splitting.
@@ -26,7 +31,10 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale) -> None:
+def check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale, max_seqlen_k=None) -> None:
+    if max_seqlen_k is not None and (isinstance(max_seqlen_k, bool)
+                                     or not isinstance(max_seqlen_k, (int, torch.SymInt))):
+        raise TypeError(f"max_seqlen_k must be an int or None, got {type(max_seqlen_k).__name__}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -134,8 +142,11 @@ def paged_decode(
     page_table: torch.Tensor,
     cache_seqlens: torch.Tensor,
     scale: float | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
-    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale)
+    # max_seqlen_k: an upper bound of cache_seqlens, accepted like FA's and not needed (the kernel reads the
+    # lengths on the device); engines pass it, and the compile pass may replace it by a static bound.
+    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale, max_seqlen_k)
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if q.numel() == 0:
         return torch.empty_like(q)
@@ -148,6 +159,6 @@ def paged_decode(
 
 
 @paged_decode.register_fake
-def _paged_decode_fake(q, k_cache, v_cache, page_table, cache_seqlens, scale=None):
-    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale)
+def _paged_decode_fake(q, k_cache, v_cache, page_table, cache_seqlens, scale=None, max_seqlen_k=None):
+    check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scale, max_seqlen_k)
     return torch.empty_like(q)
