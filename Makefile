@@ -38,8 +38,8 @@ demo: $(VENV)/.installed
 gpu-test: $(VENV)/.installed
 	$(PY) -m pytest -q -m gpu tests
 
-wheel:
-	$(PYTHON) -m pip wheel --no-deps --no-build-isolation -w dist .
+wheel: $(VENV)/.installed
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info .pytest_cache .hypothesis

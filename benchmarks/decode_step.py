@@ -1,7 +1,7 @@
 """Benchmark: what removing the decode step's host sync is worth, on the reference decoder (H200).
 
     python benchmarks/decode_step.py [--batches 1 8 64] [--contexts 4096 32768] [--page-size 16]
-                                     [--attention paged_decode] [--json out.json]
+                                     [--attention paged_decode|fa4] [--metadata item|sglang] [--json out.json]
 
 One table: per (B, context) the median step time (CUDA events, >= 200 steps after warm-up), host syncs per
 step (torch.cuda.set_sync_debug_mode("warn") around steps) and notes, for
@@ -69,6 +69,9 @@ def main():
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--attention", default="paged_decode", choices=["paged_decode", "fa4"])
+    parser.add_argument("--metadata", default="item", choices=["item", "sglang"],
+                        help="the metadata step: .max().item() with a strided slice, or SGLang's FA-backend "
+                             "spelling (seq_lens_cpu mirror, strided column index)")
     parser.add_argument("--json")
     args = parser.parse_args()
     require_cuda()
@@ -78,7 +81,7 @@ def main():
         config = TinyLlamaConfig(vocab=32000, hidden=4096, layers=args.layers, heads=32, kv_heads=8, head_dim=128,
                                  intermediate=8192, page_size=args.page_size, max_context_len=MAX_CTX,
                                  num_pages=batch * MAX_CTX // args.page_size, max_requests=batch,
-                                 attention=args.attention, dtype=torch.bfloat16)
+                                 attention=args.attention, metadata=args.metadata, dtype=torch.bfloat16)
         model = TinyLlama(config, device="cuda")
         k_pool, v_pool = model.new_kv_pool("cuda")
         k_pool.normal_()
@@ -108,7 +111,7 @@ def main():
         for ctx in args.contexts:
             fb = make_batch(config, [ctx] * batch, device="cuda")
             compile_pass._compat.mark_static_address(fb.req_to_token)
-            row = dict(B=batch, ctx=ctx, page_size=args.page_size, attention=args.attention)
+            row = dict(B=batch, ctx=ctx, page_size=args.page_size, attention=args.attention, metadata=args.metadata)
             ref = step(fb).float()
             row["ref_checksum"] = ref.sum().item()
             for name, fn in variants.items():

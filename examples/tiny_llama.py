@@ -40,6 +40,9 @@ class TinyLlamaConfig:
     max_context_len: int = 128
     max_requests: int = 8
     attention: str = "paged_decode"  # or "fa4", "fa_kvcache"
+    # How the metadata step sizes the page table: "item" (seq_lens.max().item(), a strided slice) or "sglang"
+    # (the host mirror seq_lens_cpu, and a strided column index built in the step, as SGLang's FA backend does)
+    metadata: str = "item"
     dtype: torch.dtype = torch.float32
     rope_theta: float = 10000.0
 
@@ -106,6 +109,13 @@ class TinyLlama(torch.nn.Module):
     # -- the attention-metadata step, engine style ------------------------------------------------------
     def attention_metadata(self, fb: ForwardBatch):
         ps = self.config.page_size
+        if self.config.metadata == "sglang":
+            max_len = fb.seq_lens_cpu.max().item()  # the host mirror: a sync where the engine published it
+            page_table = fb.req_to_token[fb.req_pool_indices, :max_len]
+            if ps > 1:
+                strided_indices = torch.arange(0, page_table.shape[1], ps, device=page_table.device)
+                page_table = page_table[:, strided_indices] // ps
+            return page_table.to(torch.int32), fb.seq_lens.to(torch.int32), max_len
         max_len = fb.seq_lens.max().item()  # host sync: what the pass removes
         page_table = fb.req_to_token[fb.req_pool_indices, :max_len:ps] // ps
         return page_table.to(torch.int32), fb.seq_lens.to(torch.int32), max_len

@@ -133,3 +133,66 @@ def test_fa4_adapter_against_paged_decode_and_float64():
     ref = attention_f64(q, k, v, table, lens)
     torch.testing.assert_close(got.cpu().double(), ref, atol=2e-2, rtol=0)
     torch.testing.assert_close(got.float(), ours.float(), atol=2e-2, rtol=0)
+
+
+# -- engine-shaped steps on the GPU (tests/engines): CUDA graphs, no sync at replay, eager-equal --------------
+def _engine_cases():
+    from test_engines import CASES
+
+    return CASES
+
+
+@pytest.mark.parametrize("name", sorted(_engine_cases()))
+def test_engine_step_cudagraphs_sync_free(name):
+    import re
+
+    import compile_pass
+    from compile_pass._compat import CudagraphSkips
+    from engines.common import MAX_CONTEXT
+    from test_engines import length_vectors
+    from torch._dynamo.utils import counters
+
+    case = _engine_cases()[name]
+    step, make_args = case.build("cuda", case.page_size)
+    rewritten = case.expect == "rewritten"
+    compiled = compile_pass.compile(step, max_context_len=MAX_CONTEXT, cudagraphs=True, fullgraph=True,
+                                    strict=rewritten, **case.options)
+    counters.clear()
+    with CudagraphSkips() as log:
+        for n, lengths in enumerate(length_vectors(3, 3, 5, case)):
+            args = make_args(lengths, seed=n)
+            expect = step(*args)
+            for _ in range(3):  # warm-up and CUDA-graph recording
+                got = compiled(*args)
+            torch.cuda.synchronize()
+            if case.expect != "kept":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                for _ in range(3):
+                    got = compiled(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            torch.testing.assert_close(got.float(), expect.float(), atol=2e-3, rtol=2e-3, msg=f"{name} {lengths}")
+    report = compile_pass.last_report()
+    print(f"\n[{name}] {report.to_dict()['rewritten'] or report.to_dict()['kept']} notes={report.notes} "
+          f"cudagraph log={log.messages}")
+    assert counters["stats"]["unique_graphs"] == 1
+    if case.expect == "kept":  # a kept host read: CUDA graphs are dropped for the graph, and it runs
+        assert any("cudagraphs: off" in n for n in report.notes)
+        return
+    assert report.syncs_remaining == 0 and report.post_grad["local_scalar_dense"] == 0
+    assert counters["inductor"]["cudagraph_skips"] == 0, log.messages
+    partitions = [int(m.group(1)) for text in log.messages for m in [re.search(r"(\d+) graph partition", text)] if m]
+    assert all(p == 1 for p in partitions), log.messages
+
+
+def test_device_tensor_named_like_a_mirror_is_a_sync():
+    """A `seq_lens_cpu` that lives on the GPU is no mirror: reading it is a device sync, and strict says so."""
+    import compile_pass
+
+    def step(seq_lens_cpu, x):
+        return x[: seq_lens_cpu.max().item()].sum()
+
+    compiled = compile_pass.compile(step, max_context_len=64, strict=True, fullgraph=True)
+    with pytest.raises(compile_pass.SyncRemainsError):
+        compiled(torch.tensor([3, 5], device="cuda"), torch.ones(64, device="cuda"))

@@ -68,3 +68,25 @@ def test_model_modes(model, mode):
                 assert host_syncs(codes) == 0 and report.syncs_remaining == 0 and len(report.rewritten) == 1
     assert counters["stats"]["unique_graphs"] == 2  # one graph each for stock and syncfree: no recompiles
     assert codes == [] and stock_codes == []  # nothing compiled after the first step
+
+
+def test_sglang_style_metadata_through_the_model():
+    """The reference decoder with SGLang's metadata spelling (host mirror, strided column index) is rewritten
+    and matches eager while the lengths grow."""
+    config = TinyLlamaConfig(metadata="sglang")
+    net = TinyLlama(config)
+    k_eager, v_eager = net.new_kv_pool()
+    k_pool, v_pool = net.new_kv_pool()
+
+    def step(fb):
+        return net(fb, k_pool, v_pool)
+
+    compiled = compile_pass.compile(step, max_context_len=config.max_context_len, fullgraph=True, strict=True)
+    for n in range(3):
+        fb = make_batch(config, [5 + n, 17 + n, 9 + n])
+        got, codes = run_and_get_code(compiled, fb)
+        torch.testing.assert_close(got, net(fb, k_eager, v_eager), atol=1e-4, rtol=1e-4)
+        if n == 0:
+            assert host_syncs(codes) == 0
+    report = compile_pass.last_report()
+    assert [i.kind for i in report.rewritten] == ["cpu_mirror"] and report.syncs_remaining == 0
