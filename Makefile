@@ -1,9 +1,20 @@
-# `make test` is what CI runs (.ci/run): it creates .venv when missing, installs the project and runs pytest.
+# `make test` is what CI runs (.ci/run): it creates the venv when missing, installs the project and runs pytest.
+#
+#   make test                      torch 2.13.0 in .venv (this machine's local CPU wheel)
+#   make test TORCH=2.14.1         another torch build, in its own venv (.venv-torch2.14.1)
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu   PyTorch's CPU build, where that index is reachable
+#
+# torch is installed with one pip command against the configured indexes. On PyPI, Linux torch wheels are the
+# CUDA builds (about 2.6 GB with their libraries; they run the CPU tests fine): say TORCH_INDEX to choose the
+# CPU build instead. Nothing is retried against an index that cannot be reached.
 PYTHON ?= python3
-VENV ?= .venv
-PY := $(VENV)/bin/python
-TORCH_VERSION ?= 2.13.0
+TORCH ?= 2.13.0
+TORCH_INDEX ?=
+# The local CPU build of torch 2.13.0 pairs with triton 3.8.0 (PyPI's torch builds bring their own triton).
 TRITON_VERSION ?= 3.8.0
+VENV ?= $(if $(filter command line environment,$(origin TORCH)),.venv-torch$(TORCH),.venv)
+PY := $(VENV)/bin/python
+PIP_QUIET := --quiet --disable-pip-version-check
 # One Inductor cache and one TMPDIR for the whole run: the first CPU compile builds a precompiled header under
 # $$TMPDIR (about 10 s) and probes the vector ISA once per cache dir (about 9 s).
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
@@ -14,16 +25,17 @@ export TRITON_CACHE_DIR ?= $(CURDIR)/.cache/triton
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@mkdir -p $(TMPDIR)
-	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	@# A machine that has torch keeps its own; otherwise the CPU build, never a multi-GB CUDA build: the local
-	@# CPU wheel where pip's find-links has one, else PyTorch's CPU index.
-	@$(PY) -c "import torch" 2>/dev/null \
-		|| { $(PY) -m pip download -q --no-index --no-deps -d $(TMPDIR)/torch-probe torch==$(TORCH_VERSION) >/dev/null 2>&1 \
-		     && $(PY) -m pip install -q torch==$(TORCH_VERSION); } \
-		|| $(PY) -m pip install -q torch==$(TORCH_VERSION) --index-url https://download.pytorch.org/whl/cpu \
-		     --extra-index-url https://pypi.org/simple
-	@$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q triton==$(TRITON_VERSION)
-	$(PY) -m pip install -q -e '.[test,inspect]'
+	@test -x $(PY) || { echo "==> creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
+	@$(PY) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null \
+		|| { echo "==> installing torch==$(TORCH) from $(if $(TORCH_INDEX),$(TORCH_INDEX),the configured indexes)"; \
+		     $(PY) -m pip install $(PIP_QUIET) --retries 0 --timeout 30 torch==$(TORCH) \
+		       $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple); }
+	@$(PY) -c "import triton" 2>/dev/null \
+		|| { echo "==> installing triton==$(TRITON_VERSION) (the CPU build of torch does not bring it)"; \
+		     $(PY) -m pip install $(PIP_QUIET) triton==$(TRITON_VERSION); }
+	@echo "==> installing torch-syncfree (editable) with its test and inspect extras"
+	@$(PY) -m pip install $(PIP_QUIET) -e '.[test,inspect]'
+	@$(PY) -c "import torch, triton, sys; print('==> ready: torch', torch.__version__, '| triton', triton.__version__, '| Python', sys.version.split()[0])"
 	@touch $@
 
 install: $(VENV)/.installed
@@ -39,7 +51,7 @@ gpu-test: $(VENV)/.installed
 	$(PY) -m pytest -q -m gpu tests
 
 wheel: $(VENV)/.installed
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	$(PY) -m pip wheel $(PIP_QUIET) --no-deps --no-build-isolation -w dist .
 
 clean:
-	rm -rf $(VENV) .cache build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv .venv-torch* .cache build dist *.egg-info .pytest_cache .hypothesis

@@ -81,7 +81,21 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         patches.pop("triton.cudagraphs", None)
         report.notes.append(CUDAGRAPHS_OFF)
-    compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+    try:
+        compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+    except Exception as e:
+        if opts.strict or not _holds_unbacked_symbols(rewritten):
+            raise
+        # Inductor could not compile a graph that keeps a host read (torch 2.11/2.12 fail lowering CPU SDPA
+        # over an unbacked width, as stock torch.compile does with capture_scalar_outputs on): run this graph
+        # as captured, without Inductor, rather than fail a compile that stock torch.compile would finish.
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        note = (f"inductor failed on this graph, which keeps a host read ({type(e).__name__}: {first}); "
+                "it runs as captured, without Inductor, with its host read")
+        warnings.warn(f"syncfree: {note}", stacklevel=2)
+        report.notes.append(note)
+        report.post_grad = None
+        return rewritten.forward
     if has_host_reads(findings) and patches.get("triton.cudagraphs"):
         patches.pop("triton.cudagraphs")
         report.notes.append(CUDAGRAPHS_OFF)

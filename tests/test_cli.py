@@ -28,6 +28,11 @@ UNSAFE = textwrap.dedent("""\
 
     def raises():
         raise RuntimeError("no model here")
+
+    def does_not_compile():
+        def bad(x):
+            return torch.ops.syncfree.page_table(x, x[:, 0], x[:, 0], 0, 4)  # page_size 0: rejected when traced
+        return bad, (torch.zeros(2, 3, dtype=torch.int32),)
     """)
 
 
@@ -54,6 +59,7 @@ def test_builtin_example_exits_0_and_writes_files(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["syncs_remaining"] == 0 and data["exit_status"] == 0
+    assert "tiny Llama" in data["compiled"] and "on the CPU" in data["compiled"]
     assert data["depyf"] == {"used": True, "problem": None}  # installed by the [inspect] extra
     assert data["host_syncs_in_inductor_code"]["before"] >= 1 and data["host_syncs_in_inductor_code"]["after"] == 0
     assert [i["kind"] for i in data["rewritten"]] == ["item"]
@@ -79,6 +85,7 @@ def test_unsafe_target_exits_1_naming_the_line(target_dir):
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert "unsafe_target.py:4" in proc.stdout and "kept" in proc.stdout
     assert "host syncs in Inductor code" in proc.stdout
+    assert "legend:" in proc.stdout and "compiled: target unsafe_target:target" in proc.stdout
 
 
 @pytest.mark.inductor
@@ -105,6 +112,13 @@ def test_bad_usage_exits_2_with_one_clear_line(target_dir, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_target_that_fails_to_compile_exits_3(target_dir):
+    proc = inspect("unsafe_target:does_not_compile", "--max-context-len", "10", "--out", "dump", cwd=target_dir)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
+    assert "compiling the target failed" in proc.stderr and "page_size" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_list_examples():

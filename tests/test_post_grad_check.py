@@ -130,3 +130,30 @@ def test_cudagraphs_dropped_for_a_graph_that_keeps_a_host_read(monkeypatch, fn, 
     with pytest.raises(SyncRemainsError):  # strict: raise rather than run without CUDA graphs
         torch._dynamo.reset()
         compile_pass.compile(_mirror_kept, max_context_len=64, cudagraphs=True, strict=True, fullgraph=True)(fb)
+
+
+def test_inductor_failure_on_a_kept_host_read_runs_the_graph_as_captured(monkeypatch):
+    """torch 2.11/2.12 fail to lower CPU SDPA over an unbacked width (GuardOnDataDependentSymNode); stock
+    torch.compile fails the same way with capture on. The backend then runs that graph as captured, says so,
+    and strict raises instead."""
+    real = _compat.compile_fx
+
+    def failing(gm, example_inputs, patches):
+        if any(_compat.free_unbacked_symbols(_compat.example_value(n)) for n in gm.graph.nodes
+               if _compat.example_value(n) is not None):
+            raise RuntimeError("GuardOnDataDependentSymNode: Could not guard on data-dependent expression")
+        return real(gm, example_inputs, patches)
+
+    monkeypatch.setattr(_compat, "compile_fx", failing)
+    fb = make_fb([3, 9, 5])
+    with pytest.warns(UserWarning, match="runs as captured"):
+        got = compile_pass.compile(_mirror_kept, max_context_len=64, fullgraph=True)(fb)
+    torch.testing.assert_close(got, _mirror_kept(fb))
+    assert any("GuardOnDataDependentSymNode" in n for n in compile_pass.last_report().notes)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="GuardOnDataDependentSymNode"):
+        compile_pass.compile(_mirror_kept, max_context_len=64, fullgraph=True, strict=True)(fb)
+    torch._dynamo.reset()  # a graph with no host read left is not hidden: its failure is the user's to see
+    with pytest.raises(Exception, match="boom"):
+        monkeypatch.setattr(_compat, "compile_fx", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+        compile_pass.compile(_decode, max_context_len=64, fullgraph=True)(fb)

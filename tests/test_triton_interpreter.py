@@ -14,6 +14,10 @@ from conftest_helpers import interpreting
 HERE = Path(__file__).resolve().parent
 
 
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
 def test_kernels_run_under_the_interpreter():
     if interpreting():
         import torch
@@ -22,8 +26,11 @@ def test_kernels_run_under_the_interpreter():
 
         assert use_triton(torch.zeros(1)), "the interpreter path is not taken"
         return
-    pytest.importorskip("triton")
-    pytest.importorskip("numpy")
+    triton = pytest.importorskip("triton")
+    numpy = pytest.importorskip("numpy")
+    if _version(triton.__version__) < (3, 7) and _version(numpy.__version__) >= (2, 4):
+        pytest.skip(f"triton {triton.__version__}'s interpreter calls int() on 1-element arrays, which numpy "
+                    f"{numpy.__version__} rejects (numpy < 2.4 works; the kernels themselves run on the GPU)")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     files = [str(HERE / f) for f in ("test_page_table.py", "test_paged_decode.py", "test_triton_interpreter.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-x", *files],
