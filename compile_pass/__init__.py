@@ -15,13 +15,14 @@ from .consumers import (
     registered_consumers,
     unregister_self_guarding_consumer,
 )
-from .report import SyncItem, SyncRemainsError, SyncReport, last_report
+from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
 
 register_builtin_consumers()
 
 __all__ = [
     "compile",
     "last_report",
+    "reports",
     "register_self_guarding_consumer",
     "unregister_self_guarding_consumer",
     "registered_consumers",

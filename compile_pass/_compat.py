@@ -127,6 +127,13 @@ def run_and_get_code(fn, *args, **kwargs):
     return result, codes
 
 
+def dynamo_cache_entries(code) -> int:
+    """How many compiled entries Dynamo holds for a code object (tests: a check must not add any to yours)."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
+
+
 def mark_static_address(t: torch.Tensor) -> None:
     """A persistent buffer (KV pool, req_to_token): CUDA graphs may keep its address and let the graph mutate it."""
     import torch._dynamo

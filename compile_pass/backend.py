@@ -18,7 +18,7 @@ from .options import SyncfreeOptions
 from .page_table_rewrite import PageTableRewrite
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
-from .report import SyncItem, SyncRemainsError, SyncReport, set_last_report, user_location
+from .report import SyncItem, SyncRemainsError, SyncReport, collecting_reports, set_last_report, user_location
 
 CAPTURE_FIX = ("Dynamo breaks the graph at .item() because torch._dynamo.config.capture_scalar_outputs is off; "
                "use compile_pass.compile(...) or set it to True before the first call")
@@ -175,10 +175,11 @@ def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None,
                "cudagraphs": cudagraphs, **kw}
     SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
+    graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _compat.capture_scalar_outputs():
+        with _compat.capture_scalar_outputs(), collecting_reports(graph_reports):
             try:
                 return compiled(*args, **kwargs)
             except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
@@ -188,4 +189,5 @@ def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None,
                 raise
 
     run._syncfree_compiled = compiled  # type: ignore[attr-defined]
+    run._syncfree_reports = graph_reports  # type: ignore[attr-defined]  (compile_pass.reports(run))
     return run

@@ -1,6 +1,6 @@
 """The registry of self-guarding consumers: ops that read no key past their own lengths argument.
 
-The safety rule (DESIGN.md) lets the pass hand such an op a static-width page table and a static upper bound
+The safety rule (docs/design.md) lets the pass hand such an op a static-width page table and a static upper bound
 in place of a dynamic max. Register your own attention op with `register_self_guarding_consumer`.
 """
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import contextvars
 import dataclasses
 import re
 import threading
 from typing import Any
 
 _LAST: dict[str, "SyncReport"] = {}
+_ALL: collections.deque = collections.deque(maxlen=1000)  # every graph's report in this process, oldest first
 _LOCK = threading.Lock()
+# The list that the reports of the graphs compiled during one call of a compile_pass.compile function go to.
+_COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar("syncfree_reports", default=None)
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -59,6 +65,27 @@ class SyncReport:
         """Kept sync points that still cost a device-to-host sync per call."""
         return sum(1 for item in self.kept if item.host_sync)
 
+    @classmethod
+    def merge(cls, reports: list["SyncReport"]) -> "SyncReport":
+        """One report for several graphs (a step split by graph breaks): every item and note, in order."""
+        merged = cls()
+        for r in reports:
+            merged.rewritten += r.rewritten
+            merged.kept += r.kept
+            merged.notes += [n for n in r.notes if n not in merged.notes]
+            merged.options = merged.options or dict(r.options)
+            merged.fell_back = merged.fell_back or r.fell_back
+            if r.post_grad is not None:
+                pg = merged.post_grad or {"local_scalar_dense": 0, "reads": [], "assert_scalar": 0,
+                                          "unbacked_symbols": []}
+                merged.post_grad = {
+                    "local_scalar_dense": pg["local_scalar_dense"] + r.post_grad.get("local_scalar_dense", 0),
+                    "reads": pg["reads"] + list(r.post_grad.get("reads", [])),
+                    "assert_scalar": pg["assert_scalar"] + r.post_grad.get("assert_scalar", 0),
+                    "unbacked_symbols": sorted(set(pg["unbacked_symbols"]) | set(r.post_grad.get("unbacked_symbols", []))),
+                }
+        return merged
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "rewritten": [i.to_dict() for i in self.rewritten],
@@ -103,6 +130,33 @@ class SyncRemainsError(RuntimeError):
 def set_last_report(report: SyncReport) -> None:
     with _LOCK:
         _LAST["report"] = report
+        _ALL.append(report)
+    collector = _COLLECTOR.get()
+    if collector is not None:
+        collector.append(report)
+
+
+@contextlib.contextmanager
+def collecting_reports(into: list):
+    """Every report made while active (one per graph) is appended to `into`."""
+    token = _COLLECTOR.set(into)
+    try:
+        yield into
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def reports(fn=None) -> list[SyncReport]:
+    """Every graph's report: of one function made by compile_pass.compile (in compile order, graph breaks
+    included), or without `fn`, of every compile in this process (the latest 1000)."""
+    if fn is None:
+        with _LOCK:
+            return list(_ALL)
+    found = getattr(fn, "_syncfree_reports", None)
+    if found is None:
+        raise TypeError("reports(fn) takes a function made by compile_pass.compile; for torch.compile(..., "
+                        "backend='syncfree') call reports() with no argument")
+    return list(found)
 
 
 def last_report() -> SyncReport | None:

@@ -1,4 +1,4 @@
-"""Full Inductor compiles through backend="syncfree" (proofs 1 and 2 of DESIGN.md, on CPU)."""
+"""Full Inductor compiles through backend="syncfree" (proofs 1 and 2 of docs/design.md, on CPU)."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import compile_pass
+from compile_pass.testing import host_reads_in_code as host_syncs
 from compile_pass._compat import capture_scalar_outputs, run_and_get_code
 from passlib import make_fb, make_qkv
 
@@ -22,8 +23,6 @@ def decode(q, k, v, fb):
     return torch.ops.syncfree.paged_decode(q, k, v, table.to(torch.int32), fb.seq_lens.to(torch.int32))
 
 
-def host_syncs(codes):
-    return sum(code.count(".item()") + code.count("_local_scalar_dense") for code in codes)
 
 
 def test_syncfree_inductor_code_has_no_host_sync_and_matches_eager():

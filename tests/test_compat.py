@@ -94,3 +94,12 @@ def test_cudagraph_skips_collects_messages():
     with _compat.CudagraphSkips() as skips:
         logging.getLogger("torch._inductor").warning("skipping cudagraphs due to mutated inputs")
     assert skips.messages == ["skipping cudagraphs due to mutated inputs"]
+
+
+def test_dynamo_cache_entries_counts_compiled_entries():
+    def g(x):
+        return x * 2
+
+    assert _compat.dynamo_cache_entries(g.__code__) == 0
+    torch.compile(g, backend="eager")(torch.ones(2))
+    assert _compat.dynamo_cache_entries(g.__code__) == 1

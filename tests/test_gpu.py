@@ -1,5 +1,5 @@
 """GPU tests (marker `gpu`, skipped without CUDA): the kernels on CUDA against the references, and the
-compiled decode step with no host sync at run time (proof 3 of DESIGN.md)."""
+compiled decode step with no host sync at run time (proof 3 of docs/design.md)."""
 
 import warnings
 

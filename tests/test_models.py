@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import compile_pass
+from compile_pass.testing import host_reads_in_code as host_syncs
 from compile_pass._compat import capture_scalar_outputs, run_and_get_code
 from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
 
@@ -12,8 +13,6 @@ pytestmark = pytest.mark.inductor
 MODES = {"decode": (1, False), "verify": (3, False), "extend_cold": (2, True)}
 
 
-def host_syncs(codes):
-    return sum(code.count(".item()") + code.count("_local_scalar_dense") for code in codes)
 
 
 @pytest.fixture(scope="module")

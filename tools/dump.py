@@ -7,12 +7,9 @@ redone without it and the graphs and code are written directly (the caller says 
 from __future__ import annotations
 
 import contextlib
-import re
 from pathlib import Path
 
 import torch
-
-HOST_SYNC = re.compile(r"\.item\(\)|_local_scalar_dense")
 
 
 def depyf_context(directory: Path):
@@ -35,10 +32,6 @@ def recording_backend(inner, graphs: list[str]):
         return inner(gm, example_inputs, **kwargs)
 
     return backend
-
-
-def count_host_syncs(codes: list[str]) -> int:
-    return sum(len(HOST_SYNC.findall(code)) for code in codes)
 
 
 def write_dump(directory: Path, graphs: list[str], codes: list[str]) -> None:

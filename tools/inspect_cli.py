@@ -133,7 +133,7 @@ def inspect(fn, args, max_context_len, page_size, out: Path, strict: bool, progr
 
     import compile_pass
     from compile_pass.backend import syncfree_backend
-    from compile_pass.tools.dump import count_host_syncs
+    from compile_pass.testing import host_reads_in_code as count_host_syncs
 
     def stock(gm, example_inputs):
         return compile_fx(gm, example_inputs)
@@ -142,9 +142,11 @@ def inspect(fn, args, max_context_len, page_size, out: Path, strict: bool, progr
                                                                 "stock Inductor (capture_scalar_outputs)")
     options = {"max_context_len": max_context_len, "page_size": page_size, "strict": strict}
     options = {k: v for k, v in options.items() if v is not None}
+    seen = len(compile_pass.reports())
     _, after_codes, after_breaks, _ = _compile_and_run(fn, args, syncfree_backend, options, out / "after",
                                                        progress, "backend='syncfree'")
-    report = compile_pass.last_report()
+    # Every graph's report (a step split by graph breaks has several), merged.
+    report = compile_pass.SyncReport.merge(compile_pass.reports()[seen:])
     data = report.to_dict()
     data["host_syncs_in_inductor_code"] = {"before": count_host_syncs(before_codes),
                                            "after": count_host_syncs(after_codes)}

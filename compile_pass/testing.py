@@ -1,0 +1,149 @@
+"""Gate your own compiled decode code on sync-freedom, in your tests.
+
+    from compile_pass.testing import assert_sync_free
+
+    def test_decode_step_is_sync_free():
+        result = assert_sync_free(decode_step, batch, k_pool, v_pool, max_context_len=32768, cudagraphs=True)
+        assert result.report.rewritten
+
+`assert_sync_free` compiles `fn` through the `syncfree` backend (fullgraph) and proves the step sync-free the
+three ways of docs/design.md: (1) the post-grad graph holds no `_local_scalar_dense`, `_assert_scalar` or free
+unbacked symbol (also on an FX-graph-cache hit), (2) Inductor's code holds no `.item()`, (3) on CUDA, replays
+run under `torch.cuda.set_sync_debug_mode("error")` and, with cudagraphs, Inductor made one cudagraphable
+partition. On failure it raises `SyncCheckFailed` (an AssertionError) whose message is the report's table: each
+kept sync with its file:line and reason. It leaves no global state changed: capture_scalar_outputs and the
+sync debug mode are restored, and it compiles a fresh code object, so Dynamo's caches of your functions (and
+`fn`'s own) are untouched.
+
+The pytest plugin (`compile_pass.pytest_plugin`, registered through the `pytest11` entry point) gives a
+`syncfree` fixture that calls this and `--syncfree-report PATH` to write every checked step's report as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import re
+from typing import Any, Callable
+
+import torch
+
+from . import _compat
+from .backend import compile as _compile
+from .report import SyncReport, reports
+
+HOST_READ = re.compile(r"\.item\(\)|_local_scalar_dense")
+_FRESH = itertools.count()
+
+
+class SyncCheckFailed(AssertionError):
+    """A compiled step is not sync-free; the message says which proof failed and shows the report."""
+
+    def __init__(self, message: str, result: "SyncCheck"):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclasses.dataclass
+class SyncCheck:
+    """What assert_sync_free established about one step."""
+
+    report: SyncReport  # every graph's report, merged
+    output: Any  # the compiled step's output (of the last call)
+    inductor_code: list[str]
+    host_reads_in_code: int
+    replays_checked: int  # CUDA replays run under sync debug mode "error" (0 on the CPU)
+    cudagraph_log: list[str]
+
+    def to_dict(self) -> dict:
+        return {"report": self.report.to_dict(), "host_reads_in_code": self.host_reads_in_code,
+                "replays_checked": self.replays_checked, "cudagraph_log": list(self.cudagraph_log)}
+
+
+def host_reads_in_code(codes: list[str]) -> int:
+    """Host reads (`.item()`, `_local_scalar_dense`) in Inductor's generated code."""
+    return sum(len(HOST_READ.findall(code)) for code in codes)
+
+
+def _fresh_function(fn: Callable) -> Callable:
+    """A wrapper with its own code object: Dynamo caches per code object, so checking never touches the caches
+    of `fn` or of anything else, and many checks never pile up recompiles on one code object."""
+
+    def check_target(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    code = check_target.__code__.replace(co_name=f"syncfree_check_{next(_FRESH)}")
+    fresh = type(check_target)(code, check_target.__globals__, code.co_name, None, check_target.__closure__)
+    return functools.wraps(fn)(fresh)
+
+
+def _on_cuda(args) -> bool:
+    found = []
+    torch.utils._pytree.tree_map(lambda x: found.append(x.is_cuda) if isinstance(x, torch.Tensor) else None,
+                                 (args,))
+    return any(found)
+
+
+def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3, **options) -> SyncCheck:
+    """Compile `fn(*args)` through the backend and prove it sync-free three ways; raise SyncCheckFailed if not.
+
+    `options` are compile_pass.compile's (page_size, checked, cudagraphs, cpu_mirrors, static_escapes, Inductor
+    patches). Arguments are passed as they are: use copies if the step writes its inputs (a KV pool).
+    """
+    compiled = _compile(_fresh_function(fn), max_context_len=max_context_len, fullgraph=True, **options)
+    cuda = _on_cuda(args)
+    log: list[str] = []
+    with _compat.CudagraphSkips() as skips:
+        output, codes = _compat.run_and_get_code(compiled, *args)
+        if not codes:  # served whole from a cache that bypassed code generation: compile once more without it
+            compiled = _compile(_fresh_function(fn), max_context_len=max_context_len, fullgraph=True,
+                                **{**options, "fx_graph_cache": False})
+            output, codes = _compat.run_and_get_code(compiled, *args)
+        replayed = 0
+        if cuda:
+            for _ in range(2):  # CUDA-graph recording and warm-up may synchronise; replays may not
+                output = compiled(*args)
+            torch.cuda.synchronize()
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                for _ in range(replays):
+                    output = compiled(*args)
+                    replayed += 1
+            except RuntimeError as e:
+                failure = f"a replay synchronised the host ({str(e).splitlines()[0]})"
+            else:
+                failure = None
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        else:
+            failure = None
+        log = list(skips.messages)
+    report = SyncReport.merge(reports(compiled))
+    result = SyncCheck(report, output, codes, host_reads_in_code(codes), replayed, log)
+    problems = []
+    if report.syncs_remaining:
+        problems.append(f"{report.syncs_remaining} host sync point(s) kept by the pass")
+    post_grad = report.post_grad
+    if post_grad is None:
+        problems.append("the post-grad check did not run (the graph was compiled outside Inductor)")
+    elif post_grad["local_scalar_dense"] or post_grad["assert_scalar"] or post_grad["unbacked_symbols"]:
+        problems.append(f"the post-grad graph reads the host or holds data-dependent sizes: "
+                        f"{post_grad['local_scalar_dense']} _local_scalar_dense, {post_grad['assert_scalar']} "
+                        f"_assert_scalar, unbacked symbols {post_grad['unbacked_symbols']} at "
+                        f"{', '.join(post_grad['reads']) or 'no recorded line'}")
+    if result.host_reads_in_code:
+        problems.append(f"Inductor's code reads the host {result.host_reads_in_code} time(s) (.item())")
+    if failure:
+        problems.append(failure)
+    if cuda and options.get("cudagraphs"):
+        partitions = [m.group(0) for text in log for m in [re.search(r"Created \d+ graph partitions?[^\n]*", text)]
+                      if m]
+        if any(not p.startswith("Created 1 graph partition") or "0 cudagraphable" in p for p in partitions) \
+                or any("skipping cudagraphs" in text for text in log):
+            problems.append(f"not one CUDA-graph partition: {partitions or log[-3:]}")
+    if problems:
+        raise SyncCheckFailed("the compiled step is not sync-free:\n  - " + "\n  - ".join(problems)
+                              + "\n\n" + str(report), result)
+    return result
