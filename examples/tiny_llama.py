@@ -74,9 +74,25 @@ def _rope(x, positions, theta):
 
 
 class TinyLlama(torch.nn.Module):
-    def __init__(self, config: TinyLlamaConfig, device="cpu", seed: int = 0):
+    """With tp_size > 1 this is one rank's shard (Megatron-style tensor parallelism): the rank holds
+    heads / tp_size query heads and kv_heads / tp_size KV heads (QKV column-parallel, o_proj row-parallel), and
+    intermediate / tp_size of the MLP (gate/up column-parallel, down row-parallel); embedding, norms and lm_head
+    are replicated. The row-parallel outputs are summed with a functional all_reduce, which Dynamo traces into
+    the graph. Every rank draws the full weights from the same seed and keeps its slice, so tp_size=1 is the
+    whole model, with the same numbers."""
+
+    def __init__(self, config: TinyLlamaConfig, device="cpu", seed: int = 0, tp_rank: int = 0, tp_size: int = 1,
+                 tp_group=None):
         super().__init__()
         self.config = c = config
+        for name, total in (("heads", c.heads), ("kv_heads", c.kv_heads), ("intermediate", c.intermediate)):
+            if tp_size < 1 or total % tp_size:
+                raise ValueError(f"config.{name}={total} must divide evenly over tp_size={tp_size}")
+        if not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank must be in [0, {tp_size}), got {tp_rank}")
+        self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
+        self.local_heads, self.local_kv_heads = c.heads // tp_size, c.kv_heads // tp_size
+        self.local_intermediate = c.intermediate // tp_size
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def w(*shape, scale=None):
@@ -89,21 +105,35 @@ class TinyLlama(torch.nn.Module):
 
         self.embed = w(c.vocab, c.hidden, scale=1.0)
         self.layers = torch.nn.ModuleList()
+        def rows(t, *sizes):
+            """This rank's slice of each block of rows (sizes: the blocks, each split over the ranks)."""
+            parts, start = [], 0
+            for size in sizes:
+                per = size // tp_size
+                parts.append(t[start + tp_rank * per: start + (tp_rank + 1) * per])
+                start += size
+            return torch.nn.Parameter(torch.cat(parts).contiguous(), requires_grad=False)
+
+        def cols(t):
+            per = t.shape[1] // tp_size
+            return torch.nn.Parameter(t[:, tp_rank * per: (tp_rank + 1) * per].contiguous(), requires_grad=False)
+
+        q_rows, kv_rows = c.heads * c.head_dim, c.kv_heads * c.head_dim
         for _ in range(c.layers):
             layer = torch.nn.Module()
             layer.attn_norm = ones()
-            layer.wqkv = w((c.heads + 2 * c.kv_heads) * c.head_dim, c.hidden)
-            layer.wo = w(c.hidden, c.heads * c.head_dim)
+            layer.wqkv = rows(w(q_rows + 2 * kv_rows, c.hidden), q_rows, kv_rows, kv_rows)
+            layer.wo = cols(w(c.hidden, q_rows))
             layer.mlp_norm = ones()
-            layer.w_gate_up = w(2 * c.intermediate, c.hidden)
-            layer.w_down = w(c.hidden, c.intermediate)
+            layer.w_gate_up = rows(w(2 * c.intermediate, c.hidden), c.intermediate, c.intermediate)
+            layer.w_down = cols(w(c.hidden, c.intermediate))
             self.layers.append(layer)
         self.final_norm = torch.nn.Parameter(torch.ones(c.hidden, device=device, dtype=c.dtype), requires_grad=False)
         self.lm_head = w(c.vocab, c.hidden)
 
     def new_kv_pool(self, device="cpu"):
         c = self.config
-        shape = (c.layers, c.num_pages, c.page_size, c.kv_heads, c.head_dim)
+        shape = (c.layers, c.num_pages, c.page_size, self.local_kv_heads, c.head_dim)
         return torch.zeros(shape, device=device, dtype=c.dtype), torch.zeros(shape, device=device, dtype=c.dtype)
 
     # -- the attention-metadata step, engine style ------------------------------------------------------
@@ -132,6 +162,15 @@ class TinyLlama(torch.nn.Module):
                                                       max_seqlen_k=max_len, causal=True)
         raise ValueError(f"attention must be paged_decode, fa4 or fa_kvcache, got {c.attention!r}")
 
+    def all_reduce(self, x):
+        """Sum a row-parallel partial result over the ranks (a no-op for one rank)."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_reduce(x, "sum", self.tp_group if self.tp_group is not None else dist.group.WORLD)
+
     def attend_cold(self, q, k_cache, v_cache, fb: ForwardBatch):
         """Extend/tree-verify style cold path: a dense gather sized by a host max. Not self-guarding."""
         c = self.config
@@ -141,8 +180,8 @@ class TinyLlama(torch.nn.Module):
             max_len = c.max_context_len
         slots = fb.req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)  # [B, T]
         torch._check(slots.shape[1] > 0)  # lets the compiler trace a width it cannot see (unbacked)
-        k = k_cache.view(-1, c.kv_heads, c.head_dim)[slots]  # [B, T, Hkv, D]
-        v = v_cache.view(-1, c.kv_heads, c.head_dim)[slots]
+        k = k_cache.view(-1, self.local_kv_heads, c.head_dim)[slots]  # [B, T, Hkv, D]
+        v = v_cache.view(-1, self.local_kv_heads, c.head_dim)[slots]
         sq = q.shape[1]
         t = torch.arange(slots.shape[1], device=q.device)  # the gathered width, not max_len: one symbol
         pos = fb.seq_lens[:, None] - sq + torch.arange(sq, device=q.device)[None, :]
@@ -172,19 +211,20 @@ class TinyLlama(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm)
             qkv = h @ layer.wqkv.t()
-            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], -1)
-            q = _rope(q.view(bsz, sq, c.heads, c.head_dim), fb.positions, c.rope_theta)
-            k = _rope(k.view(bsz, sq, c.kv_heads, c.head_dim), fb.positions, c.rope_theta)
-            v = v.view(bsz, sq, c.kv_heads, c.head_dim)
+            heads, kv_heads = self.local_heads, self.local_kv_heads
+            q, k, v = qkv.split([heads * c.head_dim, kv_heads * c.head_dim, kv_heads * c.head_dim], -1)
+            q = _rope(q.view(bsz, sq, heads, c.head_dim), fb.positions, c.rope_theta)
+            k = _rope(k.view(bsz, sq, kv_heads, c.head_dim), fb.positions, c.rope_theta)
+            v = v.view(bsz, sq, kv_heads, c.head_dim)
             torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
             k_cache, v_cache = k_pool[i], v_pool[i]
             if cold:
                 o = self.attend_cold(q, k_cache, v_cache, fb)
             else:
                 o = self.attend(q, k_cache, v_cache, page_table, cache_seqlens, max_len)
-            x = x + o.reshape(bsz, sq, -1) @ layer.wo.t()
+            x = x + self.all_reduce(o.reshape(bsz, sq, -1) @ layer.wo.t())
             gate, up = (_rms_norm(x, layer.mlp_norm) @ layer.w_gate_up.t()).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.w_down.t()
+            x = x + self.all_reduce((F.silu(gate) * up) @ layer.w_down.t())
         return _rms_norm(x, self.final_norm) @ self.lm_head.t()  # logits [B, Sq, vocab]
 
 

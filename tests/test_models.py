@@ -1,5 +1,7 @@
 """Compiled-model tests: the reference decoder eager vs stock torch.compile vs backend="syncfree"."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -43,7 +45,10 @@ def test_model_modes(model, mode):
     def syncfree_step(fb):
         return net(fb, *pools["syncfree"], cold=cold)
 
-    stock = torch.compile(stock_step, fullgraph=True)
+    # Stock: with capture_scalar_outputs for the decode modes (one graph, a host read in its code). The cold path
+    # is compiled as stock torch.compile does by default (a graph break at the host read): on torch 2.11/2.12
+    # stock Inductor cannot lower its SDPA over an unbacked width once capture is on.
+    stock = torch.compile(stock_step, fullgraph=not cold)
     syncfree = compile_pass.compile(syncfree_step, max_context_len=config.max_context_len, fullgraph=True)
     counters.clear()
     lengths = [5, 17, 9]
@@ -51,11 +56,12 @@ def test_model_modes(model, mode):
         fb = make_batch(config, [n + step * draft for n in lengths], draft=draft)
         expect = eager_step(fb)
         got, codes = run_and_get_code(syncfree, fb)
-        with capture_scalar_outputs():
+        with capture_scalar_outputs() if not cold else contextlib.nullcontext():
             got_stock, stock_codes = run_and_get_code(stock, fb)
         torch.testing.assert_close(got_stock, expect, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got, expect, atol=1e-4, rtol=1e-4)
         if step == 0:
+            graphs_after_first_step = counters["stats"]["unique_graphs"]
             assert codes and stock_codes  # the check below reads real code (also on an FX-graph-cache hit)
             report = compile_pass.last_report()
             if cold:
@@ -65,8 +71,10 @@ def test_model_modes(model, mode):
             else:
                 assert host_syncs(stock_codes) >= 1  # stock keeps the sync
                 assert host_syncs(codes) == 0 and report.syncs_remaining == 0 and len(report.rewritten) == 1
-    assert counters["stats"]["unique_graphs"] == 2  # one graph each for stock and syncfree: no recompiles
-    assert codes == [] and stock_codes == []  # nothing compiled after the first step
+    assert len(compile_pass.reports(syncfree)) == 1  # syncfree compiled one graph for every length
+    if not cold:  # stock compiled one too (cold, stock's graph after the break bakes the max in and recompiles)
+        assert counters["stats"]["unique_graphs"] == graphs_after_first_step == 2
+    assert codes == [] and (cold or stock_codes == [])  # nothing compiled after the first step
 
 
 def test_sglang_style_metadata_through_the_model():

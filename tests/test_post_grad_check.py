@@ -109,10 +109,10 @@ def test_a_users_post_grad_pass_still_runs(monkeypatch):
 
     from torch._inductor import config
 
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", Counting())
-    monkeypatch.setattr(config, "fx_graph_cache", False)
     fb = make_fb([3, 9, 5])
-    torch.testing.assert_close(compile_pass.compile(_decode, max_context_len=64, fullgraph=True)(fb), _decode(fb))
+    with config.patch(post_grad_custom_post_pass=Counting(), fx_graph_cache=False):
+        compiled = compile_pass.compile(_decode, max_context_len=64, fullgraph=True)
+        torch.testing.assert_close(compiled(fb), _decode(fb))
     assert Counting.calls >= 1
     assert compile_pass.last_report().post_grad["local_scalar_dense"] == 0
 
