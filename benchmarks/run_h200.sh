@@ -5,10 +5,14 @@
 #   bash benchmarks/run_h200.sh fa4     # right after `tests` (the machine stays warm ~30 s): joins the halves
 #                                       # (.whl2/), installs FA4, runs its test and decode_step through FA4
 #   bash benchmarks/run_h200.sh bench ARGS...   # decode_step.py with ARGS (paged_decode)
+#   bash benchmarks/run_h200.sh tp ARGS...      # on 2 GPUs (nvidia-h200-x2): the TP tests, decode_step_tp.py at TP=2
+#                                               # with ARGS, and the TP=1 baseline at B=1, 32K
 #
 # Needs dist/*.whl (make wheel) carried in every call. FA4 wheels: see BENCHMARKS.md, "Reproduce".
 set -u
 export PYTHONUNBUFFERED=1
+# NVLink multicast stays off on these machines (NCCL, PyTorch symmetric memory, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stage=${1:?stage: tests, fa4 or bench}
 shift
 python -m pip install -q --no-index --no-deps --upgrade --target /tmp/sf dist/*.whl
@@ -36,6 +40,17 @@ case "$stage" in
   bench)
     (cd benchmarks && timeout 540 python decode_step.py "$@" --json "$OUT/decode_step.json" > "$OUT/decode_step.log" 2>&1)
     grep -v "^W1\|^  \|^/" "$OUT/decode_step.log" | tail -n 12
+    ;;
+  tp)
+    timeout 200 python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp.py > "$OUT/tp_tests.log" 2>&1
+    echo "tp tests rc=$?" >> "$OUT/tp_tests.log"
+    grep -E "passed|failed|rc=" "$OUT/tp_tests.log" | tail -n 2
+    (cd benchmarks && timeout 330 torchrun --nproc-per-node 2 decode_step_tp.py "$@" --json "$OUT/decode_step_tp2.json" \
+      > "$OUT/decode_step_tp2.log" 2>&1; echo "tp2 rc=$?" >> "$OUT/decode_step_tp2.log")
+    grep -E "^TP=|rc=" "$OUT/decode_step_tp2.log"
+    (cd benchmarks && timeout 120 torchrun --nproc-per-node 1 decode_step_tp.py --batches 1 --contexts 32768 \
+      --json "$OUT/decode_step_tp1.json" > "$OUT/decode_step_tp1.log" 2>&1; echo "tp1 rc=$?" >> "$OUT/decode_step_tp1.log")
+    grep -E "^TP=|rc=" "$OUT/decode_step_tp1.log"
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

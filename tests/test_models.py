@@ -62,10 +62,14 @@ def test_model_modes(model, mode):
         torch.testing.assert_close(got, expect, atol=1e-4, rtol=1e-4)
         if step == 0:
             graphs_after_first_step = counters["stats"]["unique_graphs"]
-            assert codes and stock_codes  # the check below reads real code (also on an FX-graph-cache hit)
             report = compile_pass.last_report()
+            # torch 2.11/2.12 cannot lower the cold path's SDPA over an unbacked width: the backend then runs
+            # that graph as captured (and says so) instead of failing the compile.
+            as_captured = any("runs as captured" in n for n in report.notes)
+            assert stock_codes and (codes or as_captured)  # real code is checked (also on a cache hit)
+            assert not as_captured or cold
             if cold:
-                assert host_syncs(codes) >= 1 and report.rewritten == []
+                assert (host_syncs(codes) >= 1 or as_captured) and report.rewritten == []
                 assert report.kept and all(i.kind == "cpu_mirror" and not i.host_sync for i in report.kept)
                 assert "tiny_llama.py:" in report.kept[0].location
             else:
