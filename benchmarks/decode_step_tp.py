@@ -119,7 +119,12 @@ def main():
                         + f" | all_reduce {row['all_reduce_graph_us']:.1f}us x{row['all_reduces_per_step']}"
                         + f" | (e) {row['e_partitions']}", flush=True)
                 write_json(args.json if rank == 0 else None, dict(env=environment(), rows=rows))
-                del graph, static_out
+                # A CUDA graph that captured NCCL work must be destroyed before the process group, or
+                # destroy_process_group() hangs (pytorch/pytorch#115388).
+                graph.reset()
+                if ar_graph is not None:
+                    ar_graph.reset()
+                del graph, static_out, ar_graph
             del model, k_pool, v_pool, variants, hand
             torch.cuda.empty_cache()
     finally:

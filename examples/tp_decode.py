@@ -78,8 +78,9 @@ def replays_without_sync(step, fb, replays: int = 3) -> bool:
 
 
 def shutdown(device: str) -> None:
-    """Tear down without hanging: finish the device's work and drop the CUDA-graph pools that hold buffers of
-    the communicator before the group goes."""
+    """Tear down without hanging. A CUDA graph that captured NCCL work must be destroyed before the process group,
+    or destroy_process_group() hangs (pytorch/pytorch#115388): finish the device's work, drop Inductor's CUDA-graph
+    trees and the compiled code that holds them, collect, then barrier and destroy."""
     if not dist.is_initialized():
         return
     if device == "cuda":
@@ -88,6 +89,9 @@ def shutdown(device: str) -> None:
 
         cudagraph_trees.reset_cudagraph_trees()
     torch._dynamo.reset()
+    import gc
+
+    gc.collect()
     try:
         dist.barrier()
     finally:

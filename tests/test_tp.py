@@ -14,11 +14,13 @@ from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def torchrun(nproc: int, *args, timeout: int = 300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
+def torchrun(nproc: int, *args, cwd, timeout: int = 300):
+    # cwd: not the repository root, whose compile_pass/ source folder would shadow the installed package
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            "-m", "compile_pass.examples.tp_decode", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def test_world_size_one_is_the_whole_model():
@@ -47,7 +49,7 @@ def test_shards_partition_the_weights():
 @pytest.mark.inductor
 def test_two_ranks_on_cpu_match_world_size_one(tmp_path):
     out = tmp_path / "rank{rank}.json"
-    proc = torchrun(2, "--device", "cpu", "--check", "--steps", "3", "--json", str(out))
+    proc = torchrun(2, "--device", "cpu", "--check", "--steps", "3", "--json", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
@@ -69,9 +71,9 @@ def test_ranks_that_disagree_on_options_stop_with_a_clear_error(tmp_path):
     assert all(e and "ranks disagree on the syncfree options ['max_context_len']" in e for e in errors)
 
 
-def test_launcher_outside_torchrun_says_how_to_run_it():
+def test_launcher_outside_torchrun_says_how_to_run_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "compile_pass.examples.tp_decode", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=120,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
     assert proc.returncode == 2 and "torchrun --nproc-per-node" in proc.stderr
 
@@ -81,7 +83,7 @@ def test_launcher_outside_torchrun_says_how_to_run_it():
 def test_two_gpus_cudagraphs_no_sync_and_clean_shutdown(tmp_path):
     out = tmp_path / "rank{rank}.json"
     proc = torchrun(2, "--device", "cuda", "--cudagraphs", "--check", "--steps", "4", "--json", str(out),
-                    timeout=400)  # a hang at teardown fails here
+                    cwd=tmp_path, timeout=150)  # a hang at teardown fails here
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for r in range(2):
         result = json.loads((tmp_path / f"rank{r}.json").read_text())
