@@ -93,12 +93,18 @@ def main():
                     call = (lambda f=fn: f(fb))
                     with CudagraphSkips() as log:
                         out = call()
+                    # Start every timing together: a rank that starts late makes the others wait in the
+                    # step's all-reduces, and that wait is not the step's cost.
+                    torch.cuda.synchronize()
+                    dist.barrier()
                     row[f"{name}_max_abs_err"] = (out.float() - ref).abs().max().item()
                     row[f"{name}_us"] = step_times(call)
                     row[f"{name}_syncs"] = syncs_per_step(call)
                     if name == "e":
                         row["e_partitions"] = partitions(log.messages)
                 graph, static_out = capture_by_hand(lambda: hand(fb))
+                torch.cuda.synchronize()
+                dist.barrier()
                 row["f_us"] = step_times(graph.replay)
                 row["f_syncs"] = syncs_per_step(graph.replay)
                 graph.replay()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One script for the H200 device runs, by stage; results under $OUT.
 #
-#   bash benchmarks/run_h200.sh tests   # GPU tests (-m gpu); stashes the first FA4 wheel half (.whl/) in /root/w
+#   bash benchmarks/run_h200.sh tests   # GPU tests (-m gpu; the 2-GPU one skips on one GPU); stashes the first FA4
+#                                       # wheel half (.whl/) in /root/w
 #   bash benchmarks/run_h200.sh fa4     # right after `tests` (the machine stays warm ~30 s): joins the halves
 #                                       # (.whl2/), installs FA4, runs its test and decode_step through FA4
 #   bash benchmarks/run_h200.sh bench ARGS...   # decode_step.py with ARGS (paged_decode)
@@ -22,7 +23,8 @@ python -c "import torch, triton, sys; print(torch.__version__, triton.__version_
 case "$stage" in
   tests)
     mkdir -p /root/w && cp .whl/* /root/w/ 2>/dev/null
-    timeout 430 python -P -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    timeout 430 python -P -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_tp.py \
+      > "$OUT/gpu_tests.log" 2>&1
     echo "gpu tests rc=$?" >> "$OUT/gpu_tests.log"
     grep -E "passed|failed|rc=" "$OUT/gpu_tests.log" | tail -n 3
     ;;
