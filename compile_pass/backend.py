@@ -18,7 +18,7 @@ from .options import SyncfreeOptions
 from .page_table_rewrite import PageTableRewrite
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
-from .report import SyncItem, SyncRemainsError, SyncReport, collecting_reports, set_last_report, user_location
+from .report import SyncItem, SyncRemainsError, SyncReport, collecting_reports, node_location, set_last_report
 
 CAPTURE_FIX = ("Dynamo breaks the graph at .item() because torch._dynamo.config.capture_scalar_outputs is off; "
                "use compile_pass.compile(...) or set it to True before the first call")
@@ -32,7 +32,7 @@ def _graph_break_items(gm: torch.fx.GraphModule) -> list[SyncItem]:
             outputs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
             for value in outputs:
                 if is_full_max(value):
-                    items.append(SyncItem("item", user_location(value.meta.get("stack_trace")),
+                    items.append(SyncItem("item", node_location(value),
                                           "kept: graph break at .item(): " + CAPTURE_FIX))
     return items
 

@@ -19,7 +19,7 @@ import torch.fx
 
 from ._compat import example_value, placeholder_source_name
 from .normalize import INT_DTYPES, callable_name, is_host_copy, is_item, max_nodes, max_source
-from .report import user_location
+from .report import node_location
 
 
 @dataclasses.dataclass
@@ -46,7 +46,7 @@ def _code_line(node: torch.fx.Node) -> str:
 
 
 def _where(node: torch.fx.Node) -> tuple[str, str]:
-    return user_location(node.meta.get("stack_trace")), _code_line(node)
+    return node_location(node), _code_line(node)
 
 
 def attribute_name(source_name: str | None) -> str | None:

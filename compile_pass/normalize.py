@@ -23,13 +23,10 @@ import torch
 import torch.fx
 
 from ._compat import example_value
+from .kernels._triton import cdiv as ceil_div  # noqa: F401  (re-exported: the rules use ceil_div)
 
 INT_DTYPES = (torch.int32, torch.int64)
 _KEEP_VALUE_METHODS = {"to", "type", "int", "long", "contiguous", "clone", "cuda", "cpu"}
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def callable_name(node: torch.fx.Node) -> str:

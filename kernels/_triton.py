@@ -30,6 +30,11 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and interpreting()
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of ints (the one helper the project uses for it)."""
+    return -(-a // b)
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

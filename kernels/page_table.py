@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_page_table_args, check_positive_int, check_same_device
-from ._triton import device_programs, use_triton
+from ._triton import cdiv, device_programs, use_triton
 
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).
 # Swept on an H200 (BENCHMARKS.md): 8 warps, 4 programs per SM.
@@ -27,7 +27,7 @@ def _launch(out, req_to_token, req_pool_indices, seq_lens, page_size):
     block = TUNING["block"]
     # Enough programs per row to fill the device at small batch; never more than the row has blocks.
     programs = device_programs(out, per_sm=TUNING["programs_per_sm"])
-    per_row = max(1, min(triton_cdiv(width, block), triton_cdiv(programs, batch)))
+    per_row = max(1, min(cdiv(width, block), cdiv(programs, batch)))
     page_table_kernel[(batch, per_row)](
         out, out.stride(0), out.stride(1),
         req_to_token, req_to_token.stride(0), req_to_token.stride(1),
@@ -37,14 +37,10 @@ def _launch(out, req_to_token, req_pool_indices, seq_lens, page_size):
     )
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def live_pages(seq_lens: torch.Tensor, page_size: int, width: int, num_tokens: int) -> torch.Tensor:
     """n_b of the contract, as a tensor: the number of columns row b must hold."""
     n = (seq_lens.to(torch.int64).clamp(min=0) + page_size - 1) // page_size
-    return n.clamp(max=min(width, triton_cdiv(num_tokens, page_size)))
+    return n.clamp(max=min(width, cdiv(num_tokens, page_size)))
 
 
 def _fill_torch(out, req_to_token, req_pool_indices, seq_lens, page_size):

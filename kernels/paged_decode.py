@@ -14,7 +14,7 @@ import math
 import torch
 
 from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
-from ._triton import device_programs, use_triton
+from ._triton import cdiv, device_programs, use_triton
 
 # The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
 # page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
@@ -74,8 +74,8 @@ def num_splits_for(batch: int, kv_heads: int, max_keys: int, programs: int) -> i
     """
     if programs <= 1 or batch * kv_heads * 4 >= programs:
         return 1
-    want = -(-programs // max(1, batch * kv_heads))
-    most = max(1, -(-max_keys // (TUNING["block_n"] * 4)))  # at least 4 key blocks per split
+    want = cdiv(programs, max(1, batch * kv_heads))
+    most = max(1, cdiv(max_keys, TUNING["block_n"] * 4))  # at least 4 key blocks per split
     return max(1, min(want, most, TUNING["max_splits"]))
 
 
