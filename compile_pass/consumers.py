@@ -21,6 +21,9 @@ class SelfGuardingConsumer:
     page_table: str | None
     lengths: str | None
     upper_bounds: tuple[str, ...]
+    # (argument, dim) whose size is the op's page size, e.g. ("k_cache", 1): lets a page-level table sliced by a
+    # page count `(m + ps - 1) // ps` be proven (the count must use the op's own page size).
+    page_size_of: tuple[str, int] | None = None
 
 
 _REGISTRY: dict[str, SelfGuardingConsumer] = {}
@@ -57,6 +60,7 @@ def register_self_guarding_consumer(
     page_table: str | None = None,
     lengths: str | None = None,
     upper_bounds: tuple[str, ...] | list[str] = (),
+    page_size_of: tuple[str, int] | None = None,
 ) -> SelfGuardingConsumer:
     """Declare that `op` reads at most `lengths[b]` keys of row b through `page_table`, and that the arguments
     named in `upper_bounds` (e.g. max_seqlen_k) accept any value >= the true maximum.
@@ -78,7 +82,11 @@ def register_self_guarding_consumer(
             raise ValueError(f"upper_bounds entry {value!r} is not an argument of {name} (arguments: {arg_names})")
     if page_table is not None and lengths is None:
         raise ValueError("a consumer that takes a page_table must name its lengths argument")
-    entry = SelfGuardingConsumer(name, page_table, lengths, upper_bounds)
+    if page_size_of is not None:
+        if not (isinstance(page_size_of, tuple) and len(page_size_of) == 2 and page_size_of[0] in arg_names
+                and isinstance(page_size_of[1], int)):
+            raise ValueError(f"page_size_of must be (argument of {name}, dim), got {page_size_of!r}")
+    entry = SelfGuardingConsumer(name, page_table, lengths, upper_bounds, page_size_of)
     with _LOCK:
         _REGISTRY[name] = entry
     return entry

@@ -11,6 +11,7 @@ Rules (find_sync_points, prove_static_bound) match on these forms only, never on
     column step   T[:, ::s] | T[:, torch.arange(0, T.shape[1], s)]                    -> s
     floor div     T // c | T.floor_divide(c) | torch.div(T, c, rounding_mode="floor") -> c
     m + c         m + c | c + m (c an int)                                            -> c   (m - c: None)
+    page count    (m + c + ps - 1) // ps                                              -> ps, c
     min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
 """
 
@@ -173,6 +174,13 @@ def scalar_add(user: torch.fx.Node, m: torch.fx.Node):
         return None
     other = user.args[1] if user.args[0] is m else user.args[0]
     return other if _int_const(other) else None
+
+
+def page_count(user: torch.fx.Node, m: torch.fx.Node):
+    """k for `m // k` on the host int (the tail of a page count `(m + k - 1) // k`); None otherwise."""
+    if user.op != "call_function" or user.target is not operator.floordiv or user.args[0] is not m:
+        return None
+    return user.args[1] if _int_const(user.args[1]) else None
 
 
 def min_clamp(user: torch.fx.Node, m: torch.fx.Node):

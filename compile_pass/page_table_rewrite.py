@@ -144,19 +144,26 @@ class PageTableRewrite:
         tables: dict[torch.fx.Node, torch.fx.Node] = {}  # a plan's old terminal -> its first rebuilt table
         for plan in proof.gathers:
             # As wide as the bound needs, and never wider than the token table (eager's gather is not either).
-            max_pages = max(1, min(ceil_div(bound + plan.offset, plan.page_size),
-                                   ceil_div(plan.token_width, plan.page_size)))
+            table_pages = plan.token_width if plan.page_level else ceil_div(plan.token_width, plan.page_size)
+            max_pages = max(1, min(ceil_div(bound + plan.offset, plan.page_size), table_pages))
             for group in plan.groups:
                 first = group.consumers[0][0]
+                lengths, page_size = group.lengths, plan.page_size
+                if plan.page_level:  # page ids already: copy ceil(length / ps) of them per row
+                    rounded = _call(graph, first, torch.ops.aten.add.Tensor, (lengths, page_size - 1), first)
+                    lengths = _call(graph, first, torch.ops.aten.div.Tensor_mode, (rounded, page_size), first,
+                                    rounding_mode="floor")
+                    page_size = 1
                 table = _call(graph, first, torch.ops.syncfree.page_table.default,
-                              (plan.req_to_token, plan.req_pool_indices, group.lengths, plan.page_size, max_pages,
+                              (plan.req_to_token, plan.req_pool_indices, lengths, page_size, max_pages,
                                False), plan.chain[0])
                 tables.setdefault(plan.terminal, table)
                 for consumer, entry in group.consumers:
                     _set_argument(consumer, entry.page_table, table)
                 checks.setdefault((group.lengths, bound + group.length_offset), first)
             dead += plan.bookkeeping + plan.chain
-            parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size})")
+            level = ", from a page-level table" if plan.page_level else ""
+            parts.append(f"page table -> syncfree.page_table width {max_pages} (page_size {plan.page_size}{level})")
         for b in proof.bounds:
             value = bound + b.offset
             _set_argument(b.consumer, b.argument, value)

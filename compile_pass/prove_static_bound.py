@@ -24,7 +24,7 @@ from .consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
 from .find_sync_points import SyncPoint
 from .mutations import first_write
 from .normalize import (INT_DTYPES, arange_step, as_gather, ceil_div, column_step, constant_add, device_of,
-                        dtype_of,
+                        dtype_of, page_count,
                         floor_divisor, is_value_cast, min_clamp, scalar_add, strip_kept_values, value_kept_input)
 from .report import node_location
 
@@ -54,7 +54,8 @@ class GatherPlan:
     offset: int
     bookkeeping: list[torch.fx.Node]  # Dynamo's own sym_size / compare / _assert_scalar nodes on the width
     terminal: torch.fx.Node  # the finished table (consumers get it, or a value-keeping cast of it)
-    token_width: int  # req_to_token's width: no gather is wider
+    token_width: int  # req_to_token's width (in pages for a page-level table): no gather is wider
+    page_level: bool = False  # the table holds page ids, sliced by a page count (m + ps - 1) // ps
 
 
 @dataclasses.dataclass
@@ -257,7 +258,20 @@ class _Prover:
                 self.follow_value(user, offset, clamped=True)
                 continue
             if user.op == "call_function" and user.target is operator.sub:
+                taken = user.args[1] if user.args[0] is node else None
+                if isinstance(taken, int) and not isinstance(taken, bool) and not clamped and offset - taken >= 0:
+                    # m + 16 - 1: what was added first may be taken back; the net offset stays >= 0
+                    self.proof.offsets.append(user)
+                    self.follow_value(user, offset - taken)
+                    continue
                 raise Unsafe(f"the max is used in a subtraction ({describe_use(user)}): not an upper bound")
+            per_page = page_count(user, node)
+            if per_page is not None:
+                if per_page < 1 or offset < per_page - 1:
+                    raise Unsafe(f"`// {per_page}` at {node_location(user)} is not a page count "
+                                 f"(m + {per_page - 1}) // {per_page}: it rounds the bound down")
+                self.follow_page_count(user, per_page, offset - (per_page - 1))
+                continue
             gather = as_gather(user, node)
             if gather is not None:
                 self.follow_gather(user, gather, offset)
@@ -277,6 +291,15 @@ class _Prover:
                     continue
                 raise Unsafe(f"passed to {entry.name} as {names}, which is not an upper-bound argument")
             raise Unsafe(why_not(user, "the max"))
+
+    def follow_page_count(self, count: torch.fx.Node, page_size: int, offset: int):
+        """`n = (m + c + ps - 1) // ps` pages slicing a page-level table `P[rpi, :n]` (page ids, no division)."""
+        self.proof.offsets.append(count)
+        for user in list(count.users):
+            gather = as_gather(user, count)
+            if gather is None or gather.step is not None:
+                raise Unsafe(f"the page count reaches {describe_use(user)}, not the end of a page-level table slice")
+            self.follow_gather(user, gather, offset, page_level=page_size)
 
     def is_user_check(self, compare: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
         """`torch._check(m + c <= T)` (or `<`): kept, as a device assertion on the lengths (no host read)."""
@@ -324,7 +347,7 @@ class _Prover:
                 found.append(check)
         return found
 
-    def follow_gather(self, gather: torch.fx.Node, spelled, offset: int):
+    def follow_gather(self, gather: torch.fx.Node, spelled, offset: int, page_level: int | None = None):
         table, rpi = spelled.table, spelled.rows
         tv, rv = example_value(table), example_value(rpi)
         if getattr(tv, "dtype", None) not in _INT or getattr(tv, "ndim", 0) != 2:
@@ -359,6 +382,8 @@ class _Prover:
             nxt = nexts[0] if len(nexts) == 1 and not consumers and not escapes else None
             cols = column_step(nxt, node) if nxt is not None else None
             div = floor_divisor(nxt, node) if nxt is not None else None
+            if page_level is not None and (cols is not None or div is not None):
+                raise Unsafe(f"the page-level table is strided or divided again at {node_location(nxt)}")
             if cols is not None and step is None and cols >= 1:
                 step = cols
                 most = ceil_div(most, step)
@@ -380,6 +405,8 @@ class _Prover:
             node = nxt
         step = step or 1
         divisor = divisor or 1
+        if page_level is not None:  # page ids already: the page size is the count's divisor
+            step = divisor = page_level
         if step != divisor:
             raise Unsafe(
                 f"the gather takes every {step}th token but divides by {divisor}: not a page table of one page size"
@@ -399,6 +426,8 @@ class _Prover:
             names = [k for k, v in args.items() if v is via]
             if entry.page_table is None or names != [entry.page_table]:
                 raise Unsafe(f"the page table is passed to {entry.name} as {names}, not as its page-table argument")
+            if page_level is not None:
+                self.check_page_size(consumer_node, entry, page_level)
             lengths, k = self.relate_lengths(consumer_node, entry, offset)
             lv = example_value(lengths)
             if getattr(lv, "ndim", 0) != 1 or lv.shape[0] != rv.shape[0] or lv.device != tv.device \
@@ -413,7 +442,19 @@ class _Prover:
             group = groups.setdefault(lengths, ConsumerGroup(lengths, [], k))
             group.consumers.append((consumer_node, entry))
         self.proof.gathers.append(GatherPlan(chain, list(groups.values()), table, rpi, step, offset, bookkeeping,
-                                             node, width))
+                                             node, width, page_level is not None))
+
+    @staticmethod
+    def check_page_size(consumer_node, entry: SelfGuardingConsumer, page_size: int):
+        """A page count is only a bound for a consumer whose pages hold exactly `page_size` keys."""
+        if entry.page_size_of is None:
+            raise Unsafe(f"{entry.name} does not declare where its page size is (page_size_of): a page count "
+                         f"cannot be tied to it")
+        argument, dim = entry.page_size_of
+        value = example_value(bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs).get(argument))
+        have = getattr(value, "shape", (None,) * (dim + 1))[dim] if value is not None else None
+        if have != page_size:
+            raise Unsafe(f"the page count uses pages of {page_size} but {entry.name}'s {argument} has pages of {have}")
 
     def cast_branch(self, cast: torch.fx.Node, table: torch.fx.Node) -> list[tuple]:
         """The consumers behind a value-keeping cast of the finished table; Unsafe for any other use."""

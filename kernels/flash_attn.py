@@ -27,7 +27,8 @@ from .paged_decode import check_paged_decode_args
 
 # Self-guarding facts (see paged_decode.SELF_GUARDING): FA reads ceil(cache_seqlens[b] / page_size) pages of
 # row b, and max_seqlen_k is an upper bound.
-SELF_GUARDING = {name: dict(page_table="page_table", lengths="cache_seqlens", upper_bounds=("max_seqlen_k",))
+SELF_GUARDING = {name: dict(page_table="page_table", lengths="cache_seqlens", upper_bounds=("max_seqlen_k",),
+                            page_size_of=("k_cache", 1))
                  for name in ("syncfree::fa4_paged", "syncfree::fa_with_kvcache")}
 
 

@@ -19,7 +19,7 @@ from ._triton import cdiv, device_programs, use_triton
 # The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
 # page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
 SELF_GUARDING = {"syncfree::paged_decode": dict(page_table="page_table", lengths="cache_seqlens",
-                                                upper_bounds=("max_seqlen_k",))}
+                                                upper_bounds=("max_seqlen_k",), page_size_of=("k_cache", 1))}
 
 MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).

@@ -574,3 +574,50 @@ def token_table_narrower_than_the_bound(x):
     t = narrow[x.req_pool_indices, :m:4] // 4
     return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, t.to(torch.int32), (x.seq_lens + 2).to(torch.int32),
                                            max_seqlen_k=m)
+
+
+def page_level(x, ps=4):
+    """The engine's page-level table (page ids), made in the step from the token table."""
+    return (x.req_to_token[:, ::ps] // ps).contiguous()
+
+
+@rewritten
+def page_count_slicing_a_page_level_table(x):
+    m = x.seq_lens.max().item()
+    pages = page_level(x)[x.req_pool_indices, : (m + 3) // 4]
+    return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, pages.to(torch.int32), x.seq_lens.to(torch.int32))
+
+
+@rewritten
+def page_count_with_speculative_offset(x):
+    m = x.seq_lens.max().item() + 2
+    pages = page_level(x)[x.req_pool_indices, : (m + 3) // 4]
+    return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, pages.to(torch.int32), (x.seq_lens + 2).to(torch.int32),
+                                           max_seqlen_k=m)
+
+
+@kept("pages of 8 but")
+def page_count_of_another_page_size(x):
+    m = x.seq_lens.max().item()
+    pages = page_level(x, 8)[x.req_pool_indices, : (m + 7) // 8]
+    return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, pages.to(torch.int32), x.seq_lens.to(torch.int32))
+
+
+@kept("rounds the bound down")
+def page_count_rounded_down(x):
+    m = x.seq_lens.max().item()
+    pages = page_level(x)[x.req_pool_indices, : m // 4]
+    return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, pages.to(torch.int32), x.seq_lens.to(torch.int32))
+
+
+@rewritten
+def page_count_spelled_plus_ps_minus_one(x):
+    m = x.seq_lens.max().item()
+    pages = page_level(x)[x.req_pool_indices, : (m + 4 - 1) // 4]  # Dynamo: (m + 4) - 1, net + 3
+    return torch.ops.syncfree.paged_decode(x.q, x.k, x.v, pages.to(torch.int32), x.seq_lens.to(torch.int32))
+
+
+@kept("not an upper bound")
+def added_then_taken_back_too_much(x):
+    m = x.seq_lens.max().item()
+    return SUM(table(x, m + 1 - 2), (x.seq_lens - 1).clamp(min=0), 1, m)

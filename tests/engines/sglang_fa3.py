@@ -28,7 +28,8 @@ class AttentionMetadata:
 
 class FlashAttentionStyleBackend:
     def __init__(self, k_cache, v_cache, page_size: int, mode: str = "decode", step_id: int = 0,
-                 draft_tokens: int = 0, keep_on_self: bool = False):
+                 draft_tokens: int = 0, keep_on_self: bool = False, page_level: bool = False):
+        self.page_level = page_level  # slice a persistent page-level table by a page count instead
         self.k_cache, self.v_cache = k_cache, v_cache
         self.page_size = page_size
         self.mode = mode
@@ -56,6 +57,10 @@ class FlashAttentionStyleBackend:
         else:
             raise ValueError(f"unknown forward mode {self.mode!r}")
         md.cu_seqlens_k = F.pad(torch.cumsum(md.cache_seqlens_int32, dim=0, dtype=torch.int32), (1, 0))
+        if self.page_level:  # the CUDA-graph path's spelling: a page count over the page-level table
+            max_seq_pages = (md.max_seq_len_k + self.page_size - 1) // self.page_size
+            md.page_table = fb.req_to_page[fb.req_pool_indices, :max_seq_pages]
+            return md
         md.page_table = fb.req_to_token[fb.req_pool_indices, : md.max_seq_len_k]
         if self.page_size > 1:
             strided_indices = torch.arange(0, md.page_table.shape[1], self.page_size, device=fb.seq_lens.device)
@@ -71,10 +76,11 @@ class FlashAttentionStyleBackend:
                                                max_seqlen_k=md.max_seq_len_k)
 
 
-def _builder(mode: str, step_id: int = 0, draft_tokens: int = 0, keep_on_self: bool = False):
+def _builder(mode: str, step_id: int = 0, draft_tokens: int = 0, keep_on_self: bool = False,
+             page_level: bool = False):
     def build(device, page_size):
         k, v = make_pool(page_size, device)
-        backend = FlashAttentionStyleBackend(k, v, page_size, mode, step_id, draft_tokens, keep_on_self)
+        backend = FlashAttentionStyleBackend(k, v, page_size, mode, step_id, draft_tokens, keep_on_self, page_level)
         layers = Layers(device)
         queries = draft_tokens or 1
 
@@ -86,7 +92,10 @@ def _builder(mode: str, step_id: int = 0, draft_tokens: int = 0, keep_on_self: b
 
         def make_args(lengths, seed=0):
             # target verify: the cache holds `lengths` tokens before this step's draft tokens are appended
-            return (make_batch(lengths, page_size, device, queries=queries, seed=seed),)
+            fb = make_batch(lengths, page_size, device, queries=queries, seed=seed)
+            # The engine's persistent page-level table (page ids of each request), beside req_to_token.
+            fb.req_to_page = (fb.req_to_token[:, ::page_size] // page_size).to(torch.int32).contiguous()
+            return (fb,)
 
         return step, make_args
 
@@ -101,6 +110,8 @@ CASES = {
     "sglang_target_verify": EngineCase(_builder("target_verify", draft_tokens=4), "rewritten", page_size=16,
                                        queries=4),
     "sglang_draft_extend": EngineCase(_builder("draft_extend"), "rewritten", page_size=16),
+    "sglang_page_count_page_level_table": EngineCase(_builder("decode", page_level=True), "rewritten",
+                                                     page_size=16),
     "sglang_stored_metadata_kept": EngineCase(_builder("decode", keep_on_self=True), "kept",
                                               words=("returned to the caller",), page_size=16),
     "sglang_stored_metadata_static": EngineCase(_builder("decode", keep_on_self=True), "rewritten",
