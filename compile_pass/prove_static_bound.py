@@ -30,7 +30,8 @@ from .report import node_location
 
 _INT = INT_DTYPES
 _COMPARES = {operator.ge, operator.le, operator.gt, operator.lt, operator.eq, operator.ne}
-_ASSERTS = {torch.ops.aten._assert_scalar.default}
+# Dynamo spells runtime asserts as aten._assert_scalar, and (torch 2.11/2.12) a user's torch._check as itself.
+_ASSERTS = {torch.ops.aten._assert_scalar.default, torch._check}
 _ARITHMETIC = {operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow, operator.neg,
                operator.add, operator.sub, torch.sym_max, torch.sym_min}
 
