@@ -198,3 +198,25 @@ def test_device_tensor_named_like_a_mirror_is_a_sync():
     compiled = compile_pass.compile(step, max_context_len=64, strict=True, fullgraph=True)
     with pytest.raises(compile_pass.SyncRemainsError):
         compiled(torch.tensor([3, 5], device="cuda"), torch.ones(64, device="cuda"))
+
+
+def test_assert_sync_free_on_cuda_proves_all_three_ways():
+    """compile_pass.testing on a GPU: replays under sync debug mode "error" and one CUDA-graph partition."""
+    from compile_pass.examples import make_batch
+    from compile_pass.testing import SyncCheckFailed, assert_sync_free
+
+    config, model, k, v = _model()
+    fb = make_batch(config, [5, 17, 9], device="cuda")
+    result = assert_sync_free(lambda b: model(b, k, v), fb, max_context_len=config.max_context_len, cudagraphs=True,
+                              fx_graph_cache=False)
+    assert result.replays_checked == 3 and result.host_reads_in_code == 0
+    assert any("1 cudagraphable, 0 non-cudagraphable" in m for m in result.cudagraph_log), result.cudagraph_log
+    assert torch.cuda.get_sync_debug_mode() == 0  # restored
+
+    def syncs(b):
+        m = b.seq_lens.max().item()
+        return b.req_to_token[b.req_pool_indices, :m].float().sum(1)  # kept: the table is summed
+
+    with pytest.raises(SyncCheckFailed, match="kept by the pass"):
+        assert_sync_free(syncs, fb, max_context_len=config.max_context_len)
+    assert torch.cuda.get_sync_debug_mode() == 0
