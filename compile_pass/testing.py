@@ -78,11 +78,19 @@ def _fresh_function(fn: Callable) -> Callable:
     return functools.wraps(fn)(fresh)
 
 
-def _on_cuda(args) -> bool:
-    found = []
-    torch.utils._pytree.tree_map(lambda x: found.append(x.is_cuda) if isinstance(x, torch.Tensor) else None,
-                                 (args,))
-    return any(found)
+def _on_cuda(value, depth: int = 4) -> bool:
+    """Does any tensor reachable from the arguments live on CUDA (containers, dataclasses, plain objects such
+    as an engine's batch)?"""
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    if depth == 0:
+        return False
+    if isinstance(value, dict):
+        return any(_on_cuda(v, depth - 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_on_cuda(v, depth - 1) for v in value)
+    fields = getattr(value, "__dict__", None)
+    return isinstance(fields, dict) and any(_on_cuda(v, depth - 1) for v in fields.values())
 
 
 def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3, **options) -> SyncCheck:

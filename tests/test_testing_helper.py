@@ -127,3 +127,12 @@ def test_pytest_plugin_fixture_and_report(pytester):
     data = json.loads(out.read_text())
     assert [(d["test"].split("::")[-1], d["sync_free"]) for d in data] == [("test_good", True), ("test_bad", False)]
     assert data[1]["report"]["kept"][0]["location"] == "test_steps.py:7"  # the `.item()` line of `bad`
+
+
+def test_cuda_arguments_are_found_inside_batch_objects():
+    from compile_pass.testing import _on_cuda
+
+    fb = make_fb([3, 9])
+    assert not _on_cuda((fb, [torch.ones(1)], {"x": torch.ones(1)}))
+    fb.seq_lens = torch.empty(2, device="meta")  # stands in for any non-CPU device: not CUDA either
+    assert not _on_cuda((fb,))
