@@ -35,7 +35,7 @@ from .consumers import lookup_consumer, schema_argument_names
 from .find_sync_points import SyncPoint, find_cpu_mirrors, find_sync_points
 from .normalize import ceil_div
 from .options import SyncfreeOptions
-from .prove_static_bound import GatherPlan, Proof, prove_static_bound
+from .prove_static_bound import Proof, prove_static_bound
 from .report import SyncItem, SyncReport, node_location
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np  # noqa: F401  (numpy maxes)
 import torch
 
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)

@@ -59,19 +59,15 @@ def test_engine_step_on_cpu(name):
 
 def test_stored_metadata_leaves_at_the_static_width_only_with_the_option():
     case = CASES["sglang_stored_metadata_static"]
-    k, v = None, None  # noqa: F841
     step, make_args = case.build("cpu", case.page_size)
     (fb,) = make_args([5, 40, 17])
-    eager_backend_table = None
-    step(fb)
-    eager_backend_table = step.__closure__  # noqa: F841  (the backend object is inside the closure)
     backend_obj = next(c.cell_contents for c in step.__closure__
                        if isinstance(c.cell_contents, sglang_fa3.FlashAttentionStyleBackend))
+    step(fb)
     assert backend_obj.forward_metadata.page_table.shape[1] == -(-40 // 16)  # eager: sized by the max
     assert backend_obj.forward_metadata.max_seq_len_k == 40
-    compiled = compile_pass.compile(step, max_context_len=MAX_CONTEXT, static_escapes=True, fullgraph=True,
-                                    backend_hint=None) if False else torch.compile(
-        step, backend=Rewriting(max_context_len=MAX_CONTEXT, static_escapes=True), fullgraph=True)
+    compiled = torch.compile(step, backend=Rewriting(max_context_len=MAX_CONTEXT, static_escapes=True),
+                             fullgraph=True)
     with compile_pass._compat.capture_scalar_outputs():
         compiled(fb)
     assert backend_obj.forward_metadata.page_table.shape[1] == MAX_CONTEXT // 16  # the static width

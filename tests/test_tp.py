@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
+from compile_pass.examples import TinyLlama, TinyLlamaConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
