@@ -233,3 +233,42 @@ def test_empty_batch_raises_like_eager():
         fn(empty.clone())
     with compile_pass._compat.capture_scalar_outputs(), pytest.raises(RuntimeError, match="numel"):
         compiled(empty.clone())
+
+
+def test_control_flow_on_the_max_is_kept_and_equals_eager():
+    """`if m > 30:` on the host int: Dynamo breaks the graph there; the max is kept and both branches match."""
+
+    def step(x):
+        m = x.seq_lens.max().item()
+        if m > 30:
+            return cases.SUM(cases.table(x, m), x.seq_lens, 1, m) * 2
+        return cases.SUM(cases.table(x, m), x.seq_lens, 1, m)
+
+    backend = Rewriting(max_context_len=cases.MCL)
+    compiled = torch.compile(step, backend=backend)
+    for n, lengths in enumerate([[3, 40, 5], [3, 9, 5], [64, 0, 31]]):
+        inputs = cases.make_inputs(lengths, seed=n)
+        with compile_pass._compat.capture_scalar_outputs():
+            got = outcome(compiled, inputs.clone())
+        assert_same(got, outcome(step, inputs.clone()), f"control flow {lengths}")
+    reasons = [i.reason for r in backend.reports for i in r.kept]
+    assert reasons and not any(r.rewritten for r in backend.reports), reasons
+
+
+def test_inputs_that_alias_each_other_count_as_one_memory():
+    """`other_lens` passed as a view of `seq_lens`: writing it after the max writes the consumer's lengths."""
+
+    def step(x):
+        m = x.seq_lens.max().item()
+        t = cases.table(x, m)
+        x.other_lens.add_(1)  # the same memory as seq_lens here
+        return cases.SUM(t, x.seq_lens, 1, m + 1)
+
+    inputs = cases.make_inputs([3, 40, 5])
+    inputs.other_lens = inputs.seq_lens[:]
+    want_inputs = cases.make_inputs([3, 40, 5])
+    want_inputs.other_lens = want_inputs.seq_lens[:]
+    got, backend, _ = run(step, inputs, max_context_len=cases.MCL)
+    torch.testing.assert_close(got, step(want_inputs))
+    torch.testing.assert_close(inputs.seq_lens, want_inputs.seq_lens)
+    assert backend.report.kept and "written in place" in backend.report.kept[0].reason
