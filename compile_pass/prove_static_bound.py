@@ -245,8 +245,8 @@ class _Prover:
         for user in list(node.users):
             add = scalar_add(user, node)
             if add is not None and not clamped:
-                if add < 0:
-                    raise Unsafe(f"the max minus {-add} ({describe_use(user)}) is not an upper bound")
+                if offset + add < 0:  # the net offset must stay >= 0, as for `m + 16 - 1`
+                    raise Unsafe(f"the max minus {-(offset + add)} ({describe_use(user)}) is not an upper bound")
                 self.proof.offsets.append(user)
                 self.follow_value(user, offset + add)
                 continue
