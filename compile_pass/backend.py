@@ -76,7 +76,8 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
                       "(compile_pass.last_report() says why)", stacklevel=2)
 
     patches = opts.config_patches()
-    if opts.cudagraphs and _holds_unbacked_symbols(rewritten):
+    keeps_host_read = _holds_unbacked_symbols(rewritten)
+    if opts.cudagraphs and keeps_host_read:
         # A host read or a data-dependent size left in the graph: CUDA graphs would crash on it (torch's
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         patches.pop("triton.cudagraphs", None)
@@ -84,7 +85,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     try:
         compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
     except Exception as e:
-        if opts.strict or not _holds_unbacked_symbols(rewritten):
+        if opts.strict or not keeps_host_read:
             raise
         # Inductor could not compile a graph that keeps a host read (torch 2.11/2.12 fail lowering CPU SDPA
         # over an unbacked width, as stock torch.compile does with capture_scalar_outputs on): run this graph
