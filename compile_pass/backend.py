@@ -47,6 +47,31 @@ def _mode_options(mode: str | None) -> dict[str, Any]:
     return dict(list_mode_options(mode))
 
 
+def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pairs) -> Callable:
+    """Run `compiled` only while the graph inputs the proof assumed distinct are: Dynamo does not guard on
+    aliasing between inputs, so a call in which two of them share memory runs the untouched graph as captured
+    (eager semantics, its host read included). The check compares storage addresses on the host: no sync."""
+    if not pairs:
+        return compiled
+    boxed = getattr(compiled, "_boxed_call", False)
+
+    def shares_memory(a, b) -> bool:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        address = a.untyped_storage().data_ptr()
+        return address != 0 and address == b.untyped_storage().data_ptr()
+
+    def guarded(*args):
+        # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
+        flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+        if any(shares_memory(flat[i], flat[j]) for i, j in pairs):
+            return original.forward(*flat)
+        return compiled(*args)
+
+    guarded._boxed_call = boxed  # type: ignore[attr-defined]
+    return guarded
+
+
 def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                      mode: str | None = None, **unexpected):
     """torch.compile(fn, backend="syncfree", options={"max_context_len": 4096, ...})."""
@@ -96,7 +121,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         warnings.warn(f"syncfree: {note}", stacklevel=2)
         report.notes.append(note)
         report.post_grad = None
-        return rewritten.forward
+        return guard_disjoint_inputs(rewritten.forward, gm, report.disjoint_inputs)
     if has_host_reads(findings) and patches.get("triton.cudagraphs"):
         patches.pop("triton.cudagraphs")
         report.notes.append(CUDAGRAPHS_OFF)
@@ -106,7 +131,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     if opts.strict and has_host_reads(findings):
         raise SyncRemainsError([i for i in report.kept if i.host_sync],
                                extra=f"the post-grad graph still reads the host: {findings}")
-    return compiled
+    return guard_disjoint_inputs(compiled, gm, report.disjoint_inputs)
 
 
 CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "

@@ -106,3 +106,40 @@ def first_write(graph: torch.fx.Graph, protected: list[torch.fx.Node], start: to
         if node is start:
             inside = True
     return None
+
+
+def written_inputs(graph: torch.fx.Graph, start: torch.fx.Node, end: torch.fx.Node) -> set:
+    """Graph inputs (placeholders) whose memory a node strictly between `start` and `end` may write. A proof that
+    found no write to its tensors still assumes these inputs do not alias them when the step runs."""
+    owner = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            value = example_value(node)
+            if isinstance(value, torch.Tensor):
+                owner.setdefault(storage_id(value), node)
+    found, inside = set(), False
+    for node in graph.nodes:
+        if node is end:
+            break
+        if inside:
+            for target in written_by(node):
+                value = example_value(target)
+                if isinstance(value, torch.Tensor) and storage_id(value) in owner:
+                    found.add(owner[storage_id(value)])
+        if node is start:
+            inside = True
+    return found
+
+
+def input_of(graph: torch.fx.Graph, node: torch.fx.Node):
+    """The graph input whose memory `node` views (itself, a view, a no-op cast), or None for fresh memory."""
+    value = example_value(node)
+    if not isinstance(value, torch.Tensor):
+        return None
+    key = storage_id(value)
+    for candidate in graph.nodes:
+        if candidate.op == "placeholder":
+            other = example_value(candidate)
+            if isinstance(other, torch.Tensor) and storage_id(other) == key:
+                return candidate
+    return None

@@ -88,6 +88,7 @@ class PageTableRewrite:
         mirrors = find_cpu_mirrors(graph, dict(self.options.cpu_mirrors))
         points = find_sync_points(graph, mirrors)
         kept_values = set()
+        disjoint: set = set()
 
         for point in points:
             if point.kind == "cpu_copy":
@@ -100,6 +101,7 @@ class PageTableRewrite:
                 proof = prove_static_bound(graph, point, mirrors, self.options.page_size,
                                            self.options.max_context_len, self.options.static_escapes)
                 if proof.safe:
+                    disjoint |= proof.disjoint
                     item.reason = self._rewrite(graph, point, proof)
                     report.rewritten.append(item)
                     continue
@@ -116,6 +118,14 @@ class PageTableRewrite:
                 report.kept.append(SyncItem(point.kind, point.location,
                                             "kept: still in the graph after the rewrite", point.host_sync,
                                             point.code))
+        # Inputs the proofs assumed distinct, as placeholder positions: the backend checks them on every call.
+        positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+        report.disjoint_inputs = sorted({(positions[a], positions[b]) for a, b in disjoint
+                                         if a in positions and b in positions})
+        if report.disjoint_inputs:
+            names = sorted({f"{a.name} / {b.name}" for a, b in disjoint})
+            report.notes.append("assumes these graph inputs never share memory: " + ", ".join(names)
+                                + "; a call in which they do runs the graph as captured, without the rewrite")
         # No graph-wide DCE: FX does not know that every in-place op is impure.
         graph.lint()
         gm.recompile()

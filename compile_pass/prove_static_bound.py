@@ -22,7 +22,7 @@ import torch.fx
 from ._compat import example_value
 from .consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
 from .find_sync_points import SyncPoint
-from .mutations import first_write
+from .mutations import first_write, input_of, written_inputs
 from .normalize import (INT_DTYPES, arange_step, as_gather, ceil_div, column_step, constant_add, device_of,
                         dtype_of, page_count,
                         floor_divisor, is_value_cast, min_clamp, scalar_add, strip_kept_values, value_kept_input)
@@ -109,6 +109,9 @@ class Proof:
     swaps: list[MirrorSwap] = dataclasses.field(default_factory=list)
     checks: list[CheckPlan] = dataclasses.field(default_factory=list)
     escapes: list[Escape] = dataclasses.field(default_factory=list)
+    # (protected input, written input): graph inputs that were distinct when traced and must stay distinct at
+    # run time for the proof to hold (Dynamo does not guard on it); the backend checks them on every call.
+    disjoint: set = dataclasses.field(default_factory=set)
 
 
 class Unsafe(Exception):
@@ -239,6 +242,9 @@ class _Prover:
                 f"{what} may be written in place by {describe_use(writer)} between the max and the consumer at "
                 f"{node_location(end)}: the values would differ from what eager read"
             )
+        inputs = {input_of(self.graph, p) for p in protected} - {None}
+        for written in written_inputs(self.graph, start, end):
+            self.proof.disjoint |= {(p, written) for p in inputs if p is not written}
 
     # -- uses of the max --------------------------------------------------------------------------------
     def follow_value(self, node: torch.fx.Node, offset: int, clamped: bool = False):

@@ -59,6 +59,8 @@ class SyncReport:
     # Filled by the post-grad check; None when Inductor served the graph from its cache (the check ran then).
     post_grad: dict[str, Any] | None = None
     fell_back: bool = False
+    # Pairs of graph-input positions the rewrite assumes never share memory (checked on every call).
+    disjoint_inputs: list = dataclasses.field(default_factory=list)
 
     @property
     def syncs_remaining(self) -> int:

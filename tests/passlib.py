@@ -5,6 +5,7 @@ import dataclasses
 import torch
 
 from compile_pass import _compat
+from compile_pass.backend import guard_disjoint_inputs
 from compile_pass.options import SyncfreeOptions
 from compile_pass.page_table_rewrite import PageTableRewrite
 
@@ -45,10 +46,11 @@ class Rewriting:
         self.reports = []
 
     def __call__(self, gm, example_inputs):
+        original = _compat.copy_dynamo_graph_module(gm)
         report = PageTableRewrite(self.options)(gm)
         self.graphs.append(gm)
         self.reports.append(report)
-        return gm.forward
+        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)  # as the backend does
 
     @property
     def report(self):

@@ -272,3 +272,36 @@ def test_inputs_that_alias_each_other_count_as_one_memory():
     torch.testing.assert_close(got, step(want_inputs))
     torch.testing.assert_close(inputs.seq_lens, want_inputs.seq_lens)
     assert backend.report.kept and "written in place" in backend.report.kept[0].reason
+
+
+def test_inputs_traced_apart_but_aliased_at_run_time_run_as_captured():
+    """Dynamo does not guard on aliasing between inputs: traced with distinct tensors, called with `other_lens` a
+    view of `seq_lens`, the rewritten graph would read lengths that eager had already changed. The backend checks
+    the inputs its proof assumed distinct on every call and runs the untouched graph when they alias."""
+
+    def step(x):
+        m = x.seq_lens.max().item()
+        t = cases.table(x, m)
+        x.other_lens.add_(1)
+        return cases.SUM(t, x.seq_lens, 1, m + 1)
+
+    def aliased():
+        x = cases.make_inputs([3, 40, 5])
+        x.other_lens = x.seq_lens[:]
+        return x
+
+    for compile_with in ("pass only", "inductor"):
+        torch._dynamo.reset()
+        if compile_with == "pass only":
+            backend = Rewriting(max_context_len=cases.MCL)
+            compiled = torch.compile(step, backend=backend, fullgraph=True)
+        else:
+            compiled = compile_pass.compile(step, max_context_len=cases.MCL, fullgraph=True)
+        with compile_pass._compat.capture_scalar_outputs():
+            apart = cases.make_inputs([3, 40, 5])
+            torch.testing.assert_close(compiled(apart), step(cases.make_inputs([3, 40, 5])))
+            report = backend.report if compile_with == "pass only" else compile_pass.last_report()
+            assert report.rewritten and report.disjoint_inputs, str(report)
+            assert any("never share memory" in n for n in report.notes)
+            got, want = aliased(), aliased()
+            assert_same(outcome(compiled, got), outcome(step, want), f"aliased at run time ({compile_with})")
