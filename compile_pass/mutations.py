@@ -76,70 +76,52 @@ def written_by(node: torch.fx.Node) -> list[torch.fx.Node]:
     return written
 
 
-def storages(nodes) -> set:
-    """Storage ids of the tensors behind `nodes`; None in the set stands for "unknown, may alias anything"."""
-    ids = set()
-    for node in nodes:
-        value = example_value(node)
-        if isinstance(value, torch.Tensor):
-            ids.add(storage_id(value))
-    return ids
+class WriteLog:
+    """Every in-place write of a graph, read once: which node writes which storage, in graph order.
 
+    The proof asks many questions of one graph ("does anything write these tensors between here and there?",
+    "which graph inputs are written there?"); each is a walk over the few writing nodes, not over the graph.
+    Build it again after the graph changes.
+    """
 
-def first_write(graph: torch.fx.Graph, protected: list[torch.fx.Node], start: torch.fx.Node,
-                end: torch.fx.Node) -> torch.fx.Node | None:
-    """The first node strictly after `start` and strictly before `end` (graph order) that may write the memory
-    of any of `protected`, or None."""
-    watched = storages(protected)
-    if not watched:
-        return None
-    inside = False
-    for node in graph.nodes:
-        if node is end:
+    def __init__(self, graph: torch.fx.Graph):
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
+        self.writes = []  # (position, writer, storage keys; None = unknown memory)
+        self.inputs = {}  # storage key -> the first graph input (placeholder) with that memory
+        for node, i in self.order.items():
+            if node.op == "placeholder":
+                value = example_value(node)
+                if isinstance(value, torch.Tensor):
+                    self.inputs.setdefault(storage_id(value), node)
+            targets = written_by(node)
+            if targets:
+                self.writes.append((i, node, [_key(example_value(t)) for t in targets]))
+
+    def _between(self, start: torch.fx.Node, end: torch.fx.Node):
+        lo, hi = self.order[start], self.order[end]
+        return ((node, keys) for i, node, keys in self.writes if lo < i < hi)
+
+    def first_write(self, protected: list[torch.fx.Node], start: torch.fx.Node,
+                    end: torch.fx.Node) -> torch.fx.Node | None:
+        """The first node strictly between `start` and `end` that may write the memory of any of `protected`."""
+        watched = {_key(example_value(p)) for p in protected if isinstance(example_value(p), torch.Tensor)}
+        if not watched:
             return None
-        if inside:
-            for target in written_by(node):
-                value = example_value(target)
-                key = storage_id(value) if isinstance(value, torch.Tensor) else None
-                if key is None or key in watched or None in watched:
-                    return node
-        if node is start:
-            inside = True
-    return None
-
-
-def written_inputs(graph: torch.fx.Graph, start: torch.fx.Node, end: torch.fx.Node) -> set:
-    """Graph inputs (placeholders) whose memory a node strictly between `start` and `end` may write. A proof that
-    found no write to its tensors still assumes these inputs do not alias them when the step runs."""
-    owner = {}
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            value = example_value(node)
-            if isinstance(value, torch.Tensor):
-                owner.setdefault(storage_id(value), node)
-    found, inside = set(), False
-    for node in graph.nodes:
-        if node is end:
-            break
-        if inside:
-            for target in written_by(node):
-                value = example_value(target)
-                if isinstance(value, torch.Tensor) and storage_id(value) in owner:
-                    found.add(owner[storage_id(value)])
-        if node is start:
-            inside = True
-    return found
-
-
-def input_of(graph: torch.fx.Graph, node: torch.fx.Node):
-    """The graph input whose memory `node` views (itself, a view, a no-op cast), or None for fresh memory."""
-    value = example_value(node)
-    if not isinstance(value, torch.Tensor):
+        for node, keys in self._between(start, end):
+            if any(key is None or key in watched for key in keys) or None in watched:
+                return node
         return None
-    key = storage_id(value)
-    for candidate in graph.nodes:
-        if candidate.op == "placeholder":
-            other = example_value(candidate)
-            if isinstance(other, torch.Tensor) and storage_id(other) == key:
-                return candidate
-    return None
+
+    def written_inputs(self, start: torch.fx.Node, end: torch.fx.Node) -> set:
+        """Graph inputs whose memory a node strictly between `start` and `end` writes. A proof that found no write
+        to its own tensors still assumes these inputs do not alias them when the step runs."""
+        return {self.inputs[key] for _, keys in self._between(start, end) for key in keys if key in self.inputs}
+
+    def input_of(self, node: torch.fx.Node):
+        """The graph input whose memory `node` views (itself, a view, a no-op cast), or None for fresh memory."""
+        value = example_value(node)
+        return self.inputs.get(storage_id(value)) if isinstance(value, torch.Tensor) else None
+
+
+def _key(value):
+    return storage_id(value) if isinstance(value, torch.Tensor) else None

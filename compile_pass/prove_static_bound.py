@@ -22,7 +22,7 @@ import torch.fx
 from ._compat import example_value
 from .consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
 from .find_sync_points import SyncPoint
-from .mutations import first_write, input_of, written_inputs
+from .mutations import WriteLog
 from .normalize import (INT_DTYPES, arange_step, as_gather, ceil_div, column_step, constant_add, device_of,
                         dtype_of, page_count,
                         floor_divisor, is_value_cast, min_clamp, scalar_add, strip_kept_values, value_kept_input)
@@ -171,12 +171,11 @@ class _Prover:
         self.static_escapes = static_escapes
         self.proof = Proof(True, "")
         self.source_root, self.source_chain = strip_kept_values(point.source, allow_moves=True)
+        self.writes = WriteLog(graph)  # the graph does not change while it is proven
         self.first = min(point.nodes, key=self._index)
 
     def _index(self, node):
-        if not hasattr(self, "_order"):
-            self._order = {n: i for i, n in enumerate(self.graph.nodes)}
-        return self._order.get(node, -1)
+        return self.writes.order.get(node, -1)
 
     # -- lengths: the values a consumer guards by ---------------------------------------------------------
     def relate_lengths(self, consumer_node, entry: SelfGuardingConsumer, offset: int):
@@ -236,14 +235,14 @@ class _Prover:
     def check_no_writes(self, end: torch.fx.Node, protected, what: str, start):
         protected = [p for p in protected if isinstance(p, torch.fx.Node)]
         start = start if start is not None else next(iter(self.graph.nodes))
-        writer = first_write(self.graph, protected, start, end)
+        writer = self.writes.first_write(protected, start, end)
         if writer is not None:
             raise Unsafe(
                 f"{what} may be written in place by {describe_use(writer)} between the max and the consumer at "
                 f"{node_location(end)}: the values would differ from what eager read"
             )
-        inputs = {input_of(self.graph, p) for p in protected} - {None}
-        for written in written_inputs(self.graph, start, end):
+        inputs = {self.writes.input_of(p) for p in protected} - {None}
+        for written in self.writes.written_inputs(start, end):
             self.proof.disjoint |= {(p, written) for p in inputs if p is not written}
 
     # -- uses of the max --------------------------------------------------------------------------------
