@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 import torch
 import torch.distributed as dist
@@ -31,12 +30,6 @@ from compile_pass.examples.tp_decode import shutdown
 from decode_step import step_times, syncs_per_step
 
 MAX_CTX = 32768
-
-
-def partitions(messages) -> str:
-    found = [m.group(0) for text in messages for m in [re.search(r"Created \d+ graph partitions?: [^\n]*", text)]
-             if m]
-    return found[-1] if found else "no partition log"
 
 
 def capture_by_hand(fn):
@@ -101,7 +94,7 @@ def main():
                     row[f"{name}_us"] = step_times(call)
                     row[f"{name}_syncs"] = syncs_per_step(call)
                     if name == "e":
-                        row["e_partitions"] = partitions(log.messages)
+                        row["e_partitions"] = (log.partitions() or ["no partition log"])[-1]
                 graph, static_out = capture_by_hand(lambda: hand(fb))
                 torch.cuda.synchronize()
                 dist.barrier()

@@ -169,6 +169,13 @@ class CudagraphSkips:
             logging.getLogger(name).addHandler(self.handler)
         return self
 
+    def partitions(self) -> list[str]:
+        """Inductor's "Created N graph partitions: ..." lines (logged when it compiles, not on a cache hit)."""
+        import re
+
+        return [m.group(0) for text in self.messages
+                for m in [re.search(r"Created \d+ graph partitions?: [^\n]*", text)] if m]
+
     def __exit__(self, *exc):
         import logging
 

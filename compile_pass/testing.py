@@ -93,6 +93,24 @@ def _on_cuda(value, depth: int = 4) -> bool:
     return isinstance(fields, dict) and any(_on_cuda(v, depth - 1) for v in fields.values())
 
 
+def replay_without_sync(fn: Callable, *args, replays: int = 3):
+    """Proof 3: call `fn(*args)` `replays` times under torch.cuda.set_sync_debug_mode("error") (the mode is
+    restored). Returns (last output, replays done, None or what synchronised)."""
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    output, done = None, 0
+    try:
+        for _ in range(replays):
+            output = fn(*args)
+            done += 1
+    except RuntimeError as e:
+        return output, done, f"a replay synchronised the host ({str(e).splitlines()[0]})"
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return output, done, None
+
+
 def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3, **options) -> SyncCheck:
     """Compile `fn(*args)` through the backend and prove it sync-free three ways; raise SyncCheckFailed if not.
 
@@ -108,26 +126,12 @@ def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3
             compiled = _compile(_fresh_function(fn), max_context_len=max_context_len, fullgraph=True,
                                 **{**options, "fx_graph_cache": False})
             output, codes = _compat.run_and_get_code(compiled, *args)
-        replayed = 0
+        replayed, failure = 0, None
         if cuda:
             for _ in range(2):  # CUDA-graph recording and warm-up may synchronise; replays may not
                 output = compiled(*args)
-            torch.cuda.synchronize()
-            previous = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                for _ in range(replays):
-                    output = compiled(*args)
-                    replayed += 1
-            except RuntimeError as e:
-                failure = f"a replay synchronised the host ({str(e).splitlines()[0]})"
-            else:
-                failure = None
-            finally:
-                torch.cuda.set_sync_debug_mode(previous)
-        else:
-            failure = None
-        log = list(skips.messages)
+            output, replayed, failure = replay_without_sync(compiled, *args, replays=replays)
+        log, partitions = list(skips.messages), skips.partitions()
     report = SyncReport.merge(reports(compiled))
     result = SyncCheck(report, output, codes, host_reads_in_code(codes), replayed, log)
     problems = []
@@ -146,8 +150,6 @@ def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3
     if failure:
         problems.append(failure)
     if cuda and options.get("cudagraphs"):
-        partitions = [m.group(0) for text in log for m in [re.search(r"Created \d+ graph partitions?[^\n]*", text)]
-                      if m]
         if any(not p.startswith("Created 1 graph partition") or "0 cudagraphable" in p for p in partitions) \
                 or any("skipping cudagraphs" in text for text in log):
             problems.append(f"not one CUDA-graph partition: {partitions or log[-3:]}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -26,7 +25,7 @@ import torch.distributed as dist
 import compile_pass
 from compile_pass._compat import CudagraphSkips, mark_static_address, run_and_get_code
 from compile_pass.examples.tiny_llama import TinyLlama, TinyLlamaConfig, make_batch
-from compile_pass.testing import host_reads_in_code
+from compile_pass.testing import host_reads_in_code, replay_without_sync
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,21 +59,6 @@ def check_options_agree(options: dict) -> None:
         diffs = sorted({k for text in everyone for k, v in json.loads(text).items() if first.get(k) != v})
         raise ValueError(f"ranks disagree on the syncfree options {diffs}: "
                          + "; ".join(f"rank {r}: {text}" for r, text in enumerate(everyone)))
-
-
-def replays_without_sync(step, fb, replays: int = 3) -> bool:
-    """Proof 3 on this rank: replays under torch.cuda.set_sync_debug_mode("error") do not synchronise."""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(replays):
-            step(fb)
-    except RuntimeError:
-        return False
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    torch.cuda.synchronize()
-    return True
 
 
 def shutdown(device: str) -> None:
@@ -131,10 +115,9 @@ def run(args) -> dict:
     log.__exit__(None, None, None)
     if device == "cuda":
         torch.cuda.synchronize()
-        result["sync_free_replays"] = replays_without_sync(step, fb)
+        result["sync_free_replays"] = replay_without_sync(step, fb)[2] is None
     result["seconds"] = time.perf_counter() - start
-    result["partitions"] = [m.group(0) for text in log.messages
-                            for m in [re.search(r"Created \d+ graph partitions?: [^\n]*", text)] if m]
+    result["partitions"] = log.partitions()
     report = compile_pass.SyncReport.merge(compile_pass.reports(step))
     result["report"] = report.to_dict()
     result["host_reads_in_code"] = host_reads_in_code(codes)

@@ -103,3 +103,12 @@ def test_dynamo_cache_entries_counts_compiled_entries():
     assert _compat.dynamo_cache_entries(g.__code__) == 0
     torch.compile(g, backend="eager")(torch.ones(2))
     assert _compat.dynamo_cache_entries(g.__code__) == 1
+
+
+def test_cudagraph_log_partitions_are_picked_out():
+    import logging
+
+    with _compat.CudagraphSkips() as log:
+        logging.getLogger("torch._inductor").warning("Created 1 graph partitions: 1 cudagraphable, 0 non-cudagraphable")
+        logging.getLogger("torch._inductor").warning("skipping cudagraphs due to cpu device")
+    assert log.partitions() == ["Created 1 graph partitions: 1 cudagraphable, 0 non-cudagraphable"]

@@ -144,8 +144,6 @@ def _engine_cases():
 
 @pytest.mark.parametrize("name", sorted(_engine_cases()))
 def test_engine_step_cudagraphs_sync_free(name):
-    import re
-
     import compile_pass
     from compile_pass._compat import CudagraphSkips
     from engines.common import MAX_CONTEXT
@@ -183,8 +181,9 @@ def test_engine_step_cudagraphs_sync_free(name):
         return
     assert report.syncs_remaining == 0 and report.post_grad["local_scalar_dense"] == 0
     assert counters["inductor"]["cudagraph_skips"] == 0, log.messages
-    partitions = [m.group(0) for text in log.messages for m in [re.search(r"\d+ graph partitions?: [^\n]*", text)] if m]
-    assert partitions and all(p.startswith("1 graph partition") and "1 cudagraphable" in p for p in partitions), \
+    partitions = log.partitions()
+    assert partitions and all(p.startswith("Created 1 graph partition") and "1 cudagraphable" in p
+                              for p in partitions), \
         log.messages
 
 
