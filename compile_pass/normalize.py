@@ -10,7 +10,7 @@ Rules (find_sync_points, prove_static_bound) match on these forms only, never on
     gather        X[rows, :m:s] | X[rows, 0:m:s] | X[rows][:, :m:s]                   -> Gather(X, rows, s, extra)
     column step   T[:, ::s] | T[:, torch.arange(0, T.shape[1], s)]                    -> s
     floor div     T // c | T.floor_divide(c) | torch.div(T, c, rounding_mode="floor") -> c
-    m + c         m + c | c + m (c an int)                                            -> c   (m - c: None)
+    m + c         m + c | c + m | m - c (c an int)                                    -> +c / -c (c - m: None)
     page count    (m + c + ps - 1) // ps                                              -> ps, c
     min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
 """
@@ -169,9 +169,11 @@ def constant_add(node):
 
 # -- the max as a host int --------------------------------------------------------------------------------
 def scalar_add(user: torch.fx.Node, m: torch.fx.Node):
-    """c for `m + c` / `c + m` with an int constant c; None for anything else."""
-    if user.op != "call_function" or user.target is not operator.add:
+    """c for `m + c` / `c + m`, and -c for `m - c`, with an int constant c; None for anything else (`c - m`)."""
+    if user.op != "call_function" or user.target not in (operator.add, operator.sub):
         return None
+    if user.target is operator.sub:
+        return -user.args[1] if user.args[0] is m and _int_const(user.args[1]) else None
     other = user.args[1] if user.args[0] is m else user.args[0]
     return other if _int_const(other) else None
 

@@ -250,7 +250,7 @@ class _Prover:
         for user in list(node.users):
             add = scalar_add(user, node)
             if add is not None and not clamped:
-                if offset + add < 0:  # the net offset must stay >= 0, as for `m + 16 - 1`
+                if offset + add < 0:  # the net offset must stay >= 0: `m + 16 - 1` is fine, `m - 1` is not
                     raise Unsafe(f"the max minus {-(offset + add)} ({describe_use(user)}) is not an upper bound")
                 self.proof.offsets.append(user)
                 self.follow_value(user, offset + add)
@@ -264,12 +264,6 @@ class _Prover:
                 self.follow_value(user, offset, clamped=True)
                 continue
             if user.op == "call_function" and user.target is operator.sub:
-                taken = user.args[1] if user.args[0] is node else None
-                if isinstance(taken, int) and not isinstance(taken, bool) and not clamped and offset - taken >= 0:
-                    # m + 16 - 1: what was added first may be taken back; the net offset stays >= 0
-                    self.proof.offsets.append(user)
-                    self.follow_value(user, offset - taken)
-                    continue
                 raise Unsafe(f"the max is used in a subtraction ({describe_use(user)}): not an upper bound")
             per_page = page_count(user, node)
             if per_page is not None:
