@@ -50,8 +50,12 @@ demo: $(VENV)/.installed
 gpu-test: $(VENV)/.installed
 	$(PY) -m pytest -q -m gpu tests
 
+# dist/ travels to the GPU machine (benchmarks/run_h200.sh); dist/COMMIT names the commit the wheel holds.
 wheel: $(VENV)/.installed
+	rm -f dist/*.whl
 	$(PY) -m pip wheel $(PIP_QUIET) --no-deps --no-build-isolation -w dist .
+	git rev-parse --short HEAD > dist/COMMIT
+	@git diff --quiet HEAD -- compile_pass kernels examples benchmarks || echo "$$(cat dist/COMMIT)+dirty" > dist/COMMIT
 
 clean:
 	rm -rf .venv .venv-torch* .cache build dist *.egg-info .pytest_cache .hypothesis

@@ -22,7 +22,7 @@ import warnings
 import torch
 
 import compile_pass
-from _common import environment, require_cuda, write_json
+from _common import apply_tuning, environment, require_cuda, write_json
 from compile_pass._compat import CudagraphSkips
 from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
 
@@ -73,7 +73,9 @@ def main():
                         help="the metadata step: .max().item() with a strided slice, or SGLang's FA-backend "
                              "spelling (seq_lens_cpu mirror, strided column index)")
     parser.add_argument("--json")
+    parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
     args = parser.parse_args()
+    apply_tuning(args.tuning)
     require_cuda()
     rows = []
     print(f"{'B':>3} {'ctx':>6} | " + " | ".join(f"{v:>16}" for v in "abcdef"))

@@ -1,58 +1,105 @@
 #!/usr/bin/env bash
-# One script for the H200 device runs, by stage; results under $OUT.
+# The one script for the GPU machine's runs: every stage named on the command line runs, in order, each under
+# its own time limit; logs and JSON go to $OUT (the device tool brings them back), a stage's failure does not
+# stop the next.
 #
-#   bash benchmarks/run_h200.sh tests   # GPU tests (-m gpu; the 2-GPU one skips on one GPU); stashes the first FA4
-#                                       # wheel half (.whl/) in /root/w
-#   bash benchmarks/run_h200.sh fa4     # right after `tests` (the machine stays warm ~30 s): joins the halves
-#                                       # (.whl2/), installs FA4, runs its test and decode_step through FA4
-#   bash benchmarks/run_h200.sh bench ARGS...   # decode_step.py with ARGS (paged_decode)
-#   bash benchmarks/run_h200.sh tp ARGS...      # on 2 GPUs (nvidia-h200-x2): the TP tests, decode_step_tp.py at TP=2
-#                                               # with ARGS, and the TP=1 baseline at B=1, 32K
+#   bash benchmarks/run_h200.sh STAGE [STAGE ...]
 #
-# Needs dist/*.whl (make wheel) carried in every call. FA4 wheels: see BENCHMARKS.md, "Reproduce".
+#   tune       benchmarks/tune.py: the paged_decode launch sweep at small batch, against the kernel of
+#              $OLD_KERNEL (default oldk/old_paged_decode_kernel.py, `git show 0d72b29:kernels/paged_decode_kernel.py`)
+#              when present; the best configuration goes to /root/tuning.json
+#   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_tp.py; the 2-GPU test skips on one GPU)
+#   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
+#   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
+#   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
+#   tp         on 2 GPUs: the TP tests, decode_step_tp.py at TP=2 ($TP_ARGS) and the TP=1 baseline
+#   fa4-stash  keep the first half of FA4's wheels (.whl/, carried) in /root/w for the next call
+#   fa4        join the halves (.whl2/, carried now), install FA4 into /tmp/site and run its GPU test
+#
+# With TUNED=1 the benchmarks run with /root/tuning.json (written by `tune` in an earlier call on the same
+# machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
+# dist/COMMIT names the commit the wheel was built from.
 set -u
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these machines (NCCL, PyTorch symmetric memory, NVSHMEM).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stage=${1:?stage: tests, fa4 or bench}
-shift
+[ $# -gt 0 ] || { echo "usage: run_h200.sh STAGE [STAGE ...]" >&2; exit 2; }
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
 python -m pip install -q --no-index --no-deps --upgrade --target /tmp/sf dist/*.whl
-export PYTHONPATH=/tmp/sf
+export PYTHONPATH=/tmp/sf${PYTHONPATH:+:$PYTHONPATH}
+export SYNCFREE_COMMIT=$(cat dist/COMMIT 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton, sys; print(torch.__version__, triton.__version__, sys.version.split()[0])" >> "$OUT/gpu.txt"
-case "$stage" in
-  tests)
-    mkdir -p /root/w && cp .whl/* /root/w/ 2>/dev/null
-    timeout 430 python -P -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_tp.py \
-      > "$OUT/gpu_tests.log" 2>&1
-    echo "gpu tests rc=$?" >> "$OUT/gpu_tests.log"
-    grep -E "passed|failed|rc=" "$OUT/gpu_tests.log" | tail -n 3
-    ;;
-  fa4)
-    cat /root/w/cu12.part.aa .whl2/cu12.part.ab > /root/nvidia_cutlass_dsl_libs_cu12-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python -m pip install -q --no-index --no-deps --upgrade --target /tmp/site /root/*.whl .whl2/*.whl > "$OUT/fa4_install.log" 2>&1
-    printf 'import site\nsite.addsitedir("/tmp/site")\n' > /tmp/sf/sitecustomize.py
-    timeout 120 python -P -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k fa4 > "$OUT/fa4_test.log" 2>&1
-    echo "fa4 test rc=$?" >> "$OUT/fa4_test.log"
-    tail -n 2 "$OUT/fa4_test.log"
-    (cd benchmarks && timeout 420 python decode_step.py --attention fa4 "$@" --json "$OUT/decode_step_fa4.json" \
-      > "$OUT/decode_step_fa4.log" 2>&1)
-    grep -v "^W1\|^  \|^/" "$OUT/decode_step_fa4.log" | tail -n 12
-    ;;
-  bench)
-    (cd benchmarks && timeout 540 python decode_step.py "$@" --json "$OUT/decode_step.json" > "$OUT/decode_step.log" 2>&1)
-    grep -v "^W1\|^  \|^/" "$OUT/decode_step.log" | tail -n 12
-    ;;
-  tp)
-    timeout 200 python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp.py > "$OUT/tp_tests.log" 2>&1
-    echo "tp tests rc=$?" >> "$OUT/tp_tests.log"
-    grep -E "passed|failed|rc=" "$OUT/tp_tests.log" | tail -n 2
-    (cd benchmarks && timeout 330 torchrun --nproc-per-node 2 decode_step_tp.py "$@" --json "$OUT/decode_step_tp2.json" \
-      > "$OUT/decode_step_tp2.log" 2>&1; echo "tp2 rc=$?" >> "$OUT/decode_step_tp2.log")
-    grep -E "^TP=|rc=" "$OUT/decode_step_tp2.log"
-    (cd benchmarks && timeout 120 torchrun --nproc-per-node 1 decode_step_tp.py --batches 1 --contexts 32768 \
-      --json "$OUT/decode_step_tp1.json" > "$OUT/decode_step_tp1.log" 2>&1; echo "tp1 rc=$?" >> "$OUT/decode_step_tp1.log")
-    grep -E "^TP=|rc=" "$OUT/decode_step_tp1.log"
-    ;;
-  *) echo "unknown stage $stage" >&2; exit 2 ;;
-esac
+echo "commit $SYNCFREE_COMMIT" >> "$OUT/gpu.txt"
+TUNING_ARG=()
+if [ "${TUNED:-0}" = 1 ]; then TUNING_ARG=(--tuning /root/tuning.json); fi
+
+bench() {  # bench LIMIT NAME python-args...: run one benchmark in benchmarks/, log to $OUT/NAME.log
+  local limit=$1 name=$2
+  shift 2
+  (cd benchmarks && timeout "$limit" python "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$?" >> "$OUT/$name.log")
+  grep -v "^W1\|^  \|^/\|Warning\|warn(" "$OUT/$name.log" | tail -n "${TAIL:-14}"
+}
+
+for stage in "$@"; do
+  echo "== $stage ($(date +%T))"
+  case "$stage" in
+    tune)
+      old=${OLD_KERNEL:-oldk/old_paged_decode_kernel.py}
+      args=(tune.py --only paged_decode --write-best /root/tuning.json --json "$OUT/tune.json")
+      [ -f "$old" ] && args+=(--old-kernel "$PWD/$old")
+      mkdir -p /root
+      TAIL=40 bench "${TUNE_LIMIT:-420}" tune "${args[@]}"
+      cp /root/tuning.json "$OUT/tuning.json" 2>/dev/null
+      ;;
+    tests)
+      timeout "${TESTS_LIMIT:-300}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
+        tests/test_tp.py > "$OUT/gpu_tests.log" 2>&1
+      echo "gpu tests rc=$?" >> "$OUT/gpu_tests.log"
+      grep -E "passed|failed|rc=|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tail -n 8
+      ;;
+    loop)
+      # shellcheck disable=SC2086
+      TAIL=30 bench "${LOOP_LIMIT:-540}" decode_loop decode_loop.py ${LOOP_ARGS:-} "${TUNING_ARG[@]}" \
+        --json "$OUT/decode_loop.json"
+      ;;
+    kernels)
+      bench "${TABLE_LIMIT:-90}" page_table page_table.py --json "$OUT/page_table.json"
+      TAIL=30 bench "${DECODE_LIMIT:-240}" paged_decode paged_decode.py "${TUNING_ARG[@]}" --json "$OUT/paged_decode.json"
+      ;;
+    steps)
+      # shellcheck disable=SC2086
+      bench "${STEPS_LIMIT:-300}" "decode_step_${STEP_ATTENTION:-paged_decode}" decode_step.py \
+        --attention "${STEP_ATTENTION:-paged_decode}" ${STEP_ARGS:-} "${TUNING_ARG[@]}" \
+        --json "$OUT/decode_step_${STEP_ATTENTION:-paged_decode}.json"
+      ;;
+    tp)
+      timeout 200 python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp.py > "$OUT/tp_tests.log" 2>&1
+      echo "tp tests rc=$?" >> "$OUT/tp_tests.log"
+      grep -E "passed|failed|rc=" "$OUT/tp_tests.log" | tail -n 2
+      # shellcheck disable=SC2086
+      (cd benchmarks && timeout 330 torchrun --nproc-per-node 2 decode_step_tp.py ${TP_ARGS:-} \
+        --json "$OUT/decode_step_tp2.json" > "$OUT/decode_step_tp2.log" 2>&1; echo "tp2 rc=$?" >> "$OUT/decode_step_tp2.log")
+      grep -E "^TP=|rc=" "$OUT/decode_step_tp2.log"
+      (cd benchmarks && timeout 120 torchrun --nproc-per-node 1 decode_step_tp.py --batches 1 --contexts 32768 \
+        --json "$OUT/decode_step_tp1.json" > "$OUT/decode_step_tp1.log" 2>&1; echo "tp1 rc=$?" >> "$OUT/decode_step_tp1.log")
+      grep -E "^TP=|rc=" "$OUT/decode_step_tp1.log"
+      ;;
+    fa4-stash)
+      mkdir -p /root/w && cp .whl/* /root/w/ && ls /root/w
+      ;;
+    fa4)
+      cat /root/w/cu12.part.aa .whl2/cu12.part.ab \
+        > /root/nvidia_cutlass_dsl_libs_cu12-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+      python -m pip install -q --no-index --no-deps --upgrade --target /tmp/site /root/*.whl .whl2/*.whl \
+        > "$OUT/fa4_install.log" 2>&1
+      printf 'import site\nsite.addsitedir("/tmp/site")\n' > /tmp/sf/sitecustomize.py
+      timeout 120 python -P -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k fa4 > "$OUT/fa4_test.log" 2>&1
+      echo "fa4 test rc=$?" >> "$OUT/fa4_test.log"
+      tail -n 2 "$OUT/fa4_test.log"
+      ;;
+    *) echo "unknown stage $stage" >&2 ;;
+  esac
+done
+echo "== done ($(date +%T))"

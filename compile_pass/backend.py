@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 from typing import Any, Callable
 
@@ -78,6 +79,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     if unexpected:
         raise TypeError(f"syncfree backend got unexpected arguments {sorted(unexpected)}; pass options={{...}}")
     opts = SyncfreeOptions.from_dict({**_mode_options(mode), **(options or {})})
+    start = time.perf_counter()
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
         report = PageTableRewrite(opts)(rewritten)
@@ -89,6 +91,14 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         rewritten = gm
         report = SyncReport(options=opts.to_dict(), fell_back=True,
                             notes=[f"the pass failed ({type(e).__name__}: {e}); the graph was compiled untouched"])
+    report.pass_seconds = time.perf_counter() - start
+    try:
+        return _compile_rewritten(gm, rewritten, example_inputs, report, opts)
+    finally:
+        report.backend_seconds = time.perf_counter() - start
+
+
+def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions):
     if not _compat.capture_scalar_outputs_enabled():
         report.kept.extend(_graph_break_items(gm))
         report.notes.append(CAPTURE_FIX)
@@ -108,7 +118,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         patches.pop("triton.cudagraphs", None)
         report.notes.append(CUDAGRAPHS_OFF)
     try:
-        compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+        compiled, findings, check_seconds = _compile_checked(rewritten, example_inputs, patches, opts)
     except Exception as e:
         if opts.strict or not keeps_host_read:
             raise
@@ -125,8 +135,10 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     if has_host_reads(findings) and patches.get("triton.cudagraphs"):
         patches.pop("triton.cudagraphs")
         report.notes.append(CUDAGRAPHS_OFF)
-        compiled, findings = _compile_checked(rewritten, example_inputs, patches, opts)
+        report.pass_seconds += check_seconds
+        compiled, findings, check_seconds = _compile_checked(rewritten, example_inputs, patches, opts)
     report.post_grad = findings
+    report.pass_seconds += check_seconds
     _account_post_grad(report, findings)
     if opts.strict and has_host_reads(findings):
         raise SyncRemainsError([i for i in report.kept if i.host_sync],
@@ -152,7 +164,8 @@ def _holds_unbacked_symbols(gm: torch.fx.GraphModule) -> bool:
 
 def _compile_checked(gm, example_inputs, patches: dict, opts: SyncfreeOptions):
     """compile_fx with the post-grad check; its findings come from the check, or from the store on an
-    FX-graph-cache hit, or from one more compile without the cache."""
+    FX-graph-cache hit, or from one more compile without the cache. Returns (compiled, findings, seconds the
+    check took)."""
     check = SyncFreeCheck(opts.fingerprint())
     patches = {**patches, "post_grad_custom_post_pass": with_existing_pass(check, patches)}
     key = findings_key(check, gm, example_inputs, patches)
@@ -162,11 +175,12 @@ def _compile_checked(gm, example_inputs, patches: dict, opts: SyncfreeOptions):
     if not findings:
         stored = load_findings(key)
         if stored is not None:
-            return compiled, stored
+            return compiled, stored, 0.0  # a cache hit: the check did not run for this compile
         with collecting(findings):
             compiled = _compat.compile_fx(gm, example_inputs, {**patches, "fx_graph_cache": False})
+    check_seconds = findings.pop("check_seconds", 0.0)
     save_findings(key, findings)
-    return compiled, dict(findings)
+    return compiled, dict(findings), check_seconds
 
 
 def _account_post_grad(report: SyncReport, findings: dict) -> None:

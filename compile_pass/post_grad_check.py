@@ -16,6 +16,7 @@ import contextvars
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -58,7 +59,9 @@ class SyncFreeCheck(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         findings = _FINDINGS.get()
         if findings is not None:
+            start = time.perf_counter()
             findings.update(post_grad_syncs(graph))
+            findings["check_seconds"] = time.perf_counter() - start
 
     def uuid(self) -> str:
         h = hashlib.sha256()

@@ -61,6 +61,10 @@ class SyncReport:
     fell_back: bool = False
     # Pairs of graph-input positions the rewrite assumes never share memory (checked on every call).
     disjoint_inputs: list = dataclasses.field(default_factory=list)
+    # Where compile time went: the FX pass plus the post-grad check (pass_seconds), and the whole backend call,
+    # the pass, Inductor and the check included (backend_seconds). Dynamo's tracing is before the backend.
+    pass_seconds: float = 0.0
+    backend_seconds: float = 0.0
 
     @property
     def syncs_remaining(self) -> int:
@@ -77,6 +81,8 @@ class SyncReport:
             merged.notes += [n for n in r.notes if n not in merged.notes]
             merged.options = merged.options or dict(r.options)
             merged.fell_back = merged.fell_back or r.fell_back
+            merged.pass_seconds += r.pass_seconds
+            merged.backend_seconds += r.backend_seconds
             if r.post_grad is not None:
                 pg = merged.post_grad or {"local_scalar_dense": 0, "reads": [], "assert_scalar": 0,
                                           "unbacked_symbols": []}
@@ -97,6 +103,8 @@ class SyncReport:
             "options": dict(self.options),
             "post_grad": self.post_grad,
             "fell_back": self.fell_back,
+            "pass_seconds": self.pass_seconds,
+            "backend_seconds": self.backend_seconds,
         }
 
     def __str__(self) -> str:

@@ -40,6 +40,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def sm_count(t: torch.Tensor) -> int:
+    """The streaming multiprocessors of a CUDA tensor's device; 0 elsewhere (the interpreter runs one program
+    at a time)."""
+    if t.is_cuda:
+        return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return 0
+
+
 def device_programs(t: torch.Tensor, per_sm: int = 4) -> int:
     """A grid size that fills the device: a few programs per SM on CUDA, one under the interpreter."""
     if t.is_cuda:

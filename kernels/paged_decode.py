@@ -14,7 +14,7 @@ import math
 import torch
 
 from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
-from ._triton import cdiv, device_programs, use_triton
+from ._triton import cdiv, sm_count, use_triton
 
 # The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
 # page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
@@ -24,7 +24,8 @@ SELF_GUARDING = {"syncfree::paged_decode": dict(page_table="page_table", lengths
 MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).
 # Swept on an H200 (BENCHMARKS.md): BLOCK_N 64, 2 stages, 4 warps; ~8 programs per SM when splitting.
-TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "num_warps": 4, "num_stages": 2}
+TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per_split": 4,
+          "split_below_rows_per_sm": 2, "num_warps": 4, "num_stages": 2, "combine_block_s": 64, "combine_warps": 4}
 
 
 def _next_pow2(x: int) -> int:
@@ -66,16 +67,19 @@ def check_paged_decode_args(q, k_cache, v_cache, page_table, cache_seqlens, scal
             raise ValueError(f"{name} must be contiguous in its last (head) dimension")
 
 
-def num_splits_for(batch: int, kv_heads: int, max_keys: int, programs: int) -> int:
-    """Splits along the keys, from static shapes only: enough programs to fill the device.
+def num_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
+    """Splits along the keys, from static shapes only: enough programs to keep every SM streaming keys.
 
-    `programs` is the grid size that fills the device (0 or 1: no splitting, e.g. the interpreter). A batch
-    that already gives every SM two (row, head) programs is not split: the combine would only cost.
+    `sms` is the device's SM count (0: no splitting, e.g. the interpreter). A batch whose (row, KV head)
+    programs already give every SM `split_below_rows_per_sm` of them is not split: the combine would only cost.
+    Otherwise the split count aims at `programs_per_sm` programs per SM, with at least `min_blocks_per_split`
+    key blocks in each split (over the widest row the table allows) and at most `max_splits`.
     """
-    if programs <= 1 or batch * kv_heads * 4 >= programs:
+    rows = batch * kv_heads
+    if sms <= 0 or rows >= TUNING["split_below_rows_per_sm"] * sms:
         return 1
-    want = cdiv(programs, max(1, batch * kv_heads))
-    most = max(1, cdiv(max_keys, TUNING["block_n"] * 4))  # at least 4 key blocks per split
+    want = cdiv(TUNING["programs_per_sm"] * sms, max(1, rows))
+    most = max(1, cdiv(max_keys, TUNING["block_n"] * TUNING["min_blocks_per_split"]))
     return max(1, min(want, most, TUNING["max_splits"]))
 
 
@@ -88,23 +92,30 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
     width = page_table.shape[1]
     block_m = max(MIN_BLOCK_M, _next_pow2(sq * group))
     block_d = max(16, _next_pow2(dim))
-    splits = num_splits_for(batch, hkv, width * page_size, device_programs(q, per_sm=TUNING["programs_per_sm"]))
-    acc = torch.empty((batch, hkv, splits, block_m, block_d), dtype=torch.float32, device=q.device)
-    ml = torch.empty((batch, hkv, splits, 2, block_m), dtype=torch.float32, device=q.device)
+    splits = num_splits_for(batch, hkv, width * page_size, sm_count(q))
+    direct = splits == 1
+    # With one split the kernel writes `out` itself and these partial buffers are not touched.
+    acc = torch.empty((batch, hkv, splits, block_m, block_d) if not direct else (1,), dtype=torch.float32,
+                      device=q.device)
+    ml = torch.empty((batch, hkv, splits, 2, block_m) if not direct else (1,), dtype=torch.float32, device=q.device)
     paged_decode_split_kernel[(batch, hkv, splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml,
+        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, out,
         q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), page_table.stride(1),
         width, page_size, scale, sq, splits,
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=TUNING["block_n"], BLOCK_D=block_d,
-        IEEE=q.dtype == torch.float32, num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
+        IEEE=q.dtype == torch.float32, DIRECT=direct,
+        num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
     )
-    paged_decode_combine_kernel[(batch, hkv)](
-        acc, ml, out, out.stride(0), out.stride(1), out.stride(2), sq, splits,
-        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
-    )
+    if not direct:
+        paged_decode_combine_kernel[(batch, hkv, sq * group)](
+            acc, ml, out, out.stride(0), out.stride(1), out.stride(2), splits,
+            GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d,
+            BLOCK_S=min(TUNING["combine_block_s"], _next_pow2(splits)), num_warps=TUNING["combine_warps"],
+        )
 
 
 def _attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale):

@@ -1,10 +1,11 @@
 """Triton split-KV attention over FA's paged KV layout: one program per (row, KV head, split).
 
 Each program serves the whole GQA group of its KV head for every query of the row (BLOCK_M rows of
-[query, head] pairs), walks its share of the row's live keys [0, L_b) through the page table and writes an
-unnormalised partial result; `paged_decode_combine_kernel` merges the splits. Splits divide L_b, read on the
-device, so the work follows the live keys and a small batch still fills the GPU. Loads are masked by L_b:
-no page, page-table column or key past a row's length is read.
+[query, head] pairs) and walks its share of the row's live keys [0, L_b) through the page table. With one
+split (DIRECT) it normalises and writes the output itself; with several it writes an unnormalised partial
+result of its live rows and `paged_decode_combine_kernel` merges the splits, one program per output row.
+Splits divide L_b, read on the device, so the work follows the live keys and a small batch still fills the GPU.
+Loads are masked by L_b: no page, page-table column or key past a row's length is read.
 """
 
 import triton
@@ -13,14 +14,16 @@ import triton.language as tl
 
 @triton.jit
 def paged_decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, acc_ptr, ml_ptr,
+    q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, acc_ptr, ml_ptr, out_ptr,
     q_sb, q_ss, q_sh,
+    o_sb, o_ss, o_sh,
     k_sp, k_ss, k_sh,
     v_sp, v_ss, v_sh,
     pt_sb, pt_sw,
     width, page_size, scale, num_queries, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -80,45 +83,57 @@ def paged_decode_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    part = (b * tl.num_programs(1) + h) * num_splits + s
-    tl.store(acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + dims[None, :], acc)
-    tl.store(ml_ptr + (part * 2) * BLOCK_M + rows, m_i)
-    tl.store(ml_ptr + (part * 2 + 1) * BLOCK_M + rows, l_i)
+    if DIRECT:
+        # One split: this program saw every key of the row. A query that sees no key gets zeros.
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + b * o_sb + query[:, None] * o_ss + head[:, None] * o_sh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    else:
+        # Only the live [query, head] rows: with Sq = 1 and a GQA group of 4, 4 of BLOCK_M = 16.
+        part = (b * tl.num_programs(1) + h) * num_splits + s
+        tl.store(acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + dims[None, :], acc,
+                 mask=row_ok[:, None])
+        tl.store(ml_ptr + (part * 2) * BLOCK_M + rows, m_i, mask=row_ok)
+        tl.store(ml_ptr + (part * 2 + 1) * BLOCK_M + rows, l_i, mask=row_ok)
 
 
 @triton.jit
 def paged_decode_combine_kernel(
     acc_ptr, ml_ptr, out_ptr,
     o_sb, o_ss, o_sh,
-    num_queries, num_splits,
+    num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    """One program per output row (b, KV head, [query, head] row r): merges the row's splits, BLOCK_S at a
+    time with a running max, so every program reads its partials in a few wide loads rather than a long chain
+    (a small batch has few rows and many splits)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
+    r = tl.program_id(2)
     dims = tl.arange(0, BLOCK_D)
-    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    first = (b * tl.num_programs(1) + h) * num_splits
+    m_run = tl.full([1], float("-inf"), tl.float32)
+    den = tl.zeros([1], tl.float32)
+    num = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         splits = s0 + tl.arange(0, BLOCK_S)
-        part = (b * tl.num_programs(1) + h) * num_splits + splits
-        m = tl.load(ml_ptr + (part * 2)[:, None] * BLOCK_M + rows[None, :], mask=(splits < num_splits)[:, None],
-                    other=float("-inf"))
-        m_all = tl.maximum(m_all, tl.max(m, 0))
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    num = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(0, num_splits):
-        part = (b * tl.num_programs(1) + h) * num_splits + s
-        m = tl.load(ml_ptr + (part * 2) * BLOCK_M + rows)
-        l = tl.load(ml_ptr + (part * 2 + 1) * BLOCK_M + rows)
-        w = tl.exp(m - m_safe)
-        den += l * w
-        num += tl.load(acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + dims[None, :]) * w[:, None]
+        ok = splits < num_splits
+        part = first + splits
+        m = tl.load(ml_ptr + (part * 2) * BLOCK_M + r, mask=ok, other=float("-inf"))
+        l = tl.load(ml_ptr + (part * 2 + 1) * BLOCK_M + r, mask=ok, other=0.0)
+        acc = tl.load(acc_ptr + (part * BLOCK_M + r)[:, None] * BLOCK_D + dims[None, :], mask=ok[:, None],
+                      other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        keep = tl.exp(m_run - m_safe)
+        w = tl.exp(m - m_safe)  # 0 for a split that saw no key (m = -inf)
+        den = den * keep + tl.sum(l * w, 0)
+        num = num * keep + tl.sum(acc * w[:, None], 0)
+        m_run = m_new
     # A query that sees no key (L_b = 0, or L_b < Sq) gets zeros.
-    out = num / tl.where(den == 0.0, 1.0, den)[:, None]
-    query = rows // GROUP
-    head = h * GROUP + rows % GROUP
-    ok = (rows < num_queries * GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    tl.store(out_ptr + b * o_sb + query[:, None] * o_ss + head[:, None] * o_sh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=ok)
+    out = num / tl.where(den == 0.0, 1.0, den)
+    query = r // GROUP
+    head = h * GROUP + r % GROUP
+    tl.store(out_ptr + b * o_sb + query * o_ss + head * o_sh + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)

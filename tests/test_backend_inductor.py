@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -44,6 +45,38 @@ def test_syncfree_inductor_code_has_no_host_sync_and_matches_eager():
         fb = make_fb(lengths)
         torch.testing.assert_close(compiled(q, k, v, fb), decode(q, k, v, fb))
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_report_says_where_compile_time_went(monkeypatch):
+    # pass_seconds: the FX pass and the post-grad check; backend_seconds: the whole backend call (Inductor too).
+    import compile_pass.backend as backend
+    import compile_pass.post_grad_check as post_grad_check
+
+    real_check = post_grad_check.post_grad_syncs
+
+    def slow_check(graph):
+        time.sleep(0.2)
+        return real_check(graph)
+
+    real_rewrite = backend.PageTableRewrite.__call__
+
+    def slow_rewrite(self, gm):
+        time.sleep(0.3)
+        return real_rewrite(self, gm)
+
+    monkeypatch.setattr(post_grad_check, "post_grad_syncs", slow_check)
+    monkeypatch.setattr(backend.PageTableRewrite, "__call__", slow_rewrite)
+    q, k, v = make_qkv(3)
+    fb = make_fb([3, 9, 5])
+    torch._dynamo.reset()
+    # The FX graph cache off: the post-grad check runs in this compile (a cache hit would skip it).
+    compiled = compile_pass.compile(decode, max_context_len=64, fullgraph=True, fx_graph_cache=False)
+    compiled(q, k, v, fb)
+    report = compile_pass.last_report()
+    assert 0.5 <= report.pass_seconds < report.backend_seconds
+    assert report.to_dict()["pass_seconds"] == report.pass_seconds
+    merged = compile_pass.SyncReport.merge([report, report])
+    assert merged.pass_seconds == 2 * report.pass_seconds and merged.backend_seconds == 2 * report.backend_seconds
 
 
 def test_stock_inductor_keeps_the_sync():

@@ -44,6 +44,23 @@ def test_paged_decode_cuda_against_float64(dtype, atol, page_size, sq):
     torch.testing.assert_close(out.cpu().double(), ref, atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("batch", [1, 4, 40])
+def test_paged_decode_split_and_direct_paths(batch):
+    # B=1 and 4 split the keys over many programs and combine them; B=40 x 8 KV heads fill the device, so one
+    # split writes the output directly. Ragged lengths, poisoned tails, both against float64.
+    import compile_pass.kernels.paged_decode as pd
+
+    lengths = [(977 * (b + 1)) % 3000 + (b % 3) for b in range(batch)]
+    q, k, v, table, lens = make_case(batch, 1, 32, 8, 128, 16, lengths, dtype=torch.bfloat16, seed=batch)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = pd.num_splits_for(batch, 8, table.shape[1] * 16, sms)
+    assert (splits == 1) == (batch * 8 >= pd.TUNING["split_below_rows_per_sm"] * sms), splits
+    out = torch.ops.syncfree.paged_decode(q.cuda(), k.cuda(), v.cuda(), table.cuda(), lens.cuda())
+    assert torch.isfinite(out).all()
+    ref = attention_f64(q, k, v, table.clamp(max=k.shape[0] - 1), lens)
+    torch.testing.assert_close(out.cpu().double(), ref, atol=2e-2, rtol=0)
+
+
 def test_paged_decode_long_context_splits():
     # One row of 20K keys: many splits; the result must match a float64 reference (computed densely).
     q, k, v, table, lens = make_case(1, 1, 8, 8, 64, 16, [20000], dtype=torch.bfloat16, poison=True)

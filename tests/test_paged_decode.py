@@ -118,3 +118,26 @@ def test_default_scale_is_inverse_sqrt_dim():
     a = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
     b = torch.ops.syncfree.paged_decode(q, k, v, table, lens, 1 / math.sqrt(16))
     torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("sms", [0, 1, 5, 12])
+@pytest.mark.parametrize("sq", [1, 3])
+def test_split_keys_and_combine_against_float64(monkeypatch, sms, sq):
+    # The split kernel and the combine kernel: a device of `sms` SMs splits each row's keys (0: one split, the
+    # kernel writes the output itself). Rows of 0 keys, of fewer keys than a split, and
+    # splits that get no key at all (short rows) must all combine to the reference.
+    if not interpreting():
+        pytest.skip("the Triton kernels run here only under TRITON_INTERPRET=1 (test_triton_interpreter runs it)")
+    import compile_pass.kernels.paged_decode as pd
+
+    monkeypatch.setattr(pd, "sm_count", lambda t: sms)
+    monkeypatch.setitem(pd.TUNING, "block_n", 16)
+    monkeypatch.setitem(pd.TUNING, "programs_per_sm", 8)
+    monkeypatch.setitem(pd.TUNING, "split_below_rows_per_sm", 2)
+    monkeypatch.setitem(pd.TUNING, "min_blocks_per_split", 1)
+    monkeypatch.setitem(pd.TUNING, "combine_block_s", 4)  # several chunks of splits in the combine
+    lengths = [0, 2, 45, 300]
+    case = make_case(4, sq, 8, 2, 16, 4, lengths, seed=sms + sq)
+    splits = pd.num_splits_for(4, 2, case[3].shape[1] * 4, sms)
+    assert splits == {0: 1, 1: 1, 5: 5, 12: 12}[sms], splits  # 8 (row, head) programs fill 1 SM (2 per SM) but not 5
+    check(case, atol=1e-5)

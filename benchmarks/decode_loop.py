@@ -1,0 +1,316 @@
+"""Benchmark: a generation loop at a real model's shape (Llama-3-8B: 32 layers, hidden 4096, Hq 32, Hkv 8, D 128,
+SwiGLU 14336, vocab 128256, bf16 random weights, ~16 GB), against the bandwidth bound.
+
+    python benchmarks/decode_loop.py [--batches 1 8 64] [--contexts 4096 32768] [--steps 128]
+                                     [--variants a b e f] [--cold-compile] [--json out.json]
+
+Every request starts from a prompt context of the given length (its KV already in the pool, random) and
+generates --steps tokens greedily; lengths grow by one every step, and between steps the loop updates the
+batch on the device as an engine's scheduler does (next input ids from the logits' argmax, seq_lens and
+positions + 1, the new KV slots from req_to_token). Variants:
+  (a) eager, the metadata step with seq_lens.max().item()      (b) stock torch.compile of the same step
+  (e) backend="syncfree" with CUDA graphs                      (f) hand-written: a static page table filled on
+      the device, stock torch.compile, one CUDA graph captured by hand and replayed.
+Per (B, context): median step time (CUDA events between consecutive steps, the batch update included), tokens/s
+(B x steps over the loop's wall time), and the bandwidth bound: the bytes a step must read (every weight but the
+embedding table, plus the live K and V of every layer, averaged over the loop) over the device copy bandwidth
+measured in the same run; each variant's share of it. With --cold-compile, the first call of (e) and of (b)
+(B=1, first context) each run in a fresh process with empty Inductor and Triton caches: their time is the cold
+compile, and for (e) the report says how much of it the pass itself took (SyncReport.pass_seconds).
+A (B, context) whose KV pool does not fit the GPU next to the weights is skipped, with the bytes it needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import compile_pass
+from _common import apply_tuning, copy_bandwidth_tbs, environment, require_cuda, write_json
+from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
+
+LLAMA3_8B = dict(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=14336)
+PAGE_SIZE = 16
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def model_config(args, batch: int, contexts: list[int]) -> TinyLlamaConfig:
+    shape = dict(LLAMA3_8B, layers=args.layers)
+    max_len = round_up(max(contexts) + args.steps, PAGE_SIZE)
+    return TinyLlamaConfig(**shape, page_size=PAGE_SIZE, max_context_len=max_len,
+                           num_pages=batch * max_len // PAGE_SIZE, max_requests=batch, attention="paged_decode",
+                           metadata="item", dtype=torch.bfloat16)
+
+
+def kv_pool_bytes(config: TinyLlamaConfig) -> int:
+    return 2 * config.layers * config.num_pages * config.page_size * config.kv_heads * config.head_dim * 2
+
+
+def weight_bytes_per_step(model: TinyLlama) -> int:
+    """Bytes of weights a decode step reads: all but the embedding table (one row per token is read)."""
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if name != "embed")
+
+
+def kv_bytes_per_step(config: TinyLlamaConfig, batch: int, ctx: int, steps: int) -> float:
+    """K and V bytes of the live keys of every layer, averaged over the loop (lengths ctx+1 .. ctx+steps)."""
+    mean_len = ctx + (steps + 1) / 2
+    return 2 * config.layers * batch * mean_len * config.kv_heads * config.head_dim * 2
+
+
+class Loop:
+    """The batch of one B and the engine-side update between steps, all on the device. One set of tensors
+    serves every context (set_context copies new lengths into them), so that compiled variants see the same
+    persistent buffers, as an engine's are."""
+
+    def __init__(self, config, batch):
+        self.config, self.batch = config, batch
+        self.fb = make_batch(config, [1] * batch, device="cuda")
+
+    def set_context(self, ctx):
+        fresh = make_batch(self.config, [ctx] * self.batch)  # same seed: the same req_to_token
+        self.start = {name: getattr(fresh, name).cuda() for name in
+                      ("input_ids", "positions", "out_cache_loc", "seq_lens")}
+        self.start_cpu = fresh.seq_lens_cpu.clone()
+        self.reset()
+
+    def reset(self):
+        for name, value in self.start.items():
+            getattr(self.fb, name).copy_(value)
+        self.fb.seq_lens_cpu.copy_(self.start_cpu)
+
+    def advance(self, logits):
+        fb = self.fb
+        fb.input_ids.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        fb.seq_lens.add_(1)
+        fb.positions.add_(1)
+        fb.out_cache_loc.copy_(fb.req_to_token[fb.req_pool_indices[:, None], fb.positions].to(torch.int64))
+        fb.seq_lens_cpu.add_(1)  # the host mirror an engine keeps (costs no device sync)
+
+
+def run_loop(loop: Loop, step, steps: int, warmup: int = 3) -> dict:
+    """Warm up, reset the batch, then generate `steps` tokens: per-step times and the loop's wall time."""
+    loop.reset()
+    for _ in range(warmup):
+        loop.advance(step())
+    loop.reset()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    start = time.perf_counter()
+    events[0].record()
+    for i in range(steps):
+        loop.advance(step())
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    per_step = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(steps)]
+    return dict(step_us=statistics.median(per_step), wall_s=wall)
+
+
+def cold_compile(args) -> dict:
+    """The first call of one variant in this (fresh) process: its compile time, and the pass's share."""
+    config = model_config(args, 1, args.contexts)
+    model = TinyLlama(config, device="cuda")
+    k_pool, v_pool = model.new_kv_pool("cuda")
+    loop = Loop(config, 1)
+    loop.set_context(args.contexts[0])
+    fn = make_variant(args.cold_compile, model, k_pool, v_pool, config)
+    start = time.perf_counter()
+    fn(loop.fb)
+    torch.cuda.synchronize()
+    first_call = time.perf_counter() - start
+    start = time.perf_counter()
+    fn(loop.fb)
+    torch.cuda.synchronize()
+    result = dict(variant=args.cold_compile, first_call_s=first_call, second_call_s=time.perf_counter() - start)
+    if args.cold_compile == "e":
+        report = compile_pass.reports(fn)
+        merged = compile_pass.SyncReport.merge(report) if report else None
+        if merged is not None:
+            result.update(pass_s=merged.pass_seconds, backend_s=merged.backend_seconds,
+                          rewritten=len(merged.rewritten), kept=len(merged.kept))
+    return result
+
+
+def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
+    def step(fb):
+        return model(fb, k_pool, v_pool)
+
+    if name == "a":
+        return step
+    if name == "b":
+        return torch.compile(lambda fb: step(fb))
+    if name == "e":
+        return compile_pass.compile(lambda fb: step(fb), max_context_len=config.max_context_len, cudagraphs=True,
+                                    fullgraph=True)
+    if name == "f":
+        return torch.compile(lambda fb: model(fb, k_pool, v_pool, page_buffer=page_buffer), fullgraph=True)
+    raise ValueError(f"unknown variant {name!r}")
+
+
+def measure_cold_compiles(args) -> dict:
+    """(e) and (b) cold, each in its own process with empty caches (run before this process takes the GPU)."""
+    out = {}
+    for variant in ("e", "b"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
+            cmd = [sys.executable, __file__, "--cold-compile-variant", variant, "--layers", str(args.layers),
+                   "--steps", str(args.steps), "--contexts", str(args.contexts[0])]
+            if args.tuning:
+                cmd += ["--tuning", args.tuning]
+            print(f"cold compile of ({variant}) in a fresh process ...", flush=True)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("COLD ")]
+            if proc.returncode != 0 or not lines:
+                out[variant] = dict(error=(proc.stderr or proc.stdout)[-1500:])
+            else:
+                out[variant] = json.loads(lines[-1][5:])
+            print(f"  ({variant}): {out[variant]}", flush=True)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=LLAMA3_8B["layers"])
+    parser.add_argument("--variants", nargs="+", default=list("abef"), choices=list("abef"))
+    parser.add_argument("--cold-compile", action="store_true", help="measure (e)'s and (b)'s cold compile first")
+    parser.add_argument("--cold-timeout", type=int, default=300)
+    parser.add_argument("--cold-compile-variant", dest="cold_compile", help=argparse.SUPPRESS)
+    parser.add_argument("--json")
+    parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
+    args = parser.parse_args()
+    apply_tuning(args.tuning)
+    require_cuda()
+    if args.cold_compile in ("e", "b"):
+        print("COLD " + json.dumps(cold_compile(args)), flush=True)
+        return
+    result = dict(env=environment(), steps=args.steps, layers=args.layers, rows=[])
+    if args.cold_compile:
+        result["cold_compile"] = measure_cold_compiles(args)
+        write_json(args.json, result)
+    copy = result["copy_tbs"] = copy_bandwidth_tbs()
+    config0 = model_config(args, 1, args.contexts)
+    start = time.perf_counter()
+    model = TinyLlama(config0, device="cuda")
+    result["model_init_s"] = time.perf_counter() - start
+    weights = result["weight_bytes_per_step"] = weight_bytes_per_step(model)
+    print(f"device copy {copy:.2f} TB/s; weights read per step {weights / 1e9:.2f} GB; "
+          f"model built in {result['model_init_s']:.1f} s", flush=True)
+    print(f"{'B':>3} {'ctx':>6} {'bound':>8} | " + " | ".join(f"{'(' + v + ') us  tok/s  %bound':>24}"
+                                                             for v in args.variants), flush=True)
+    for batch in args.batches:
+        free = torch.cuda.mem_get_info()[0]
+        contexts = []
+        for ctx in args.contexts:
+            need = kv_pool_bytes(model_config(args, batch, [ctx]))
+            if need > free - (6 << 30):
+                row = dict(B=batch, ctx=ctx, skipped=f"the KV pool needs {need / 2**30:.0f} GiB; "
+                                                    f"{free / 2**30:.0f} GiB free next to the weights")
+                result["rows"].append(row)
+                print(f"{batch:>3} {ctx:>6} skipped: {row['skipped']}", flush=True)
+            else:
+                contexts.append(ctx)
+        if not contexts:
+            continue
+        config = model_config(args, batch, contexts)
+        model.config = config  # the pool and the static width follow this batch's contexts
+        k_pool, v_pool = model.new_kv_pool("cuda")
+        k_pool.normal_()
+        v_pool.normal_()
+        compile_pass._compat.mark_static_address(k_pool)
+        compile_pass._compat.mark_static_address(v_pool)
+        page_buffer = torch.zeros(batch, config.max_context_len // PAGE_SIZE, dtype=torch.int32, device="cuda")
+        torch._dynamo.reset()
+        variants = {v: make_variant(v, model, k_pool, v_pool, config, page_buffer) for v in args.variants}
+        loop = Loop(config, batch)
+        compile_pass._compat.mark_static_address(loop.fb.req_to_token)
+        hand_graph = None
+        for ctx in contexts:
+            loop.set_context(ctx)
+            bound_bytes = weights + kv_bytes_per_step(config, batch, ctx, args.steps)
+            bound_us = bound_bytes / (copy * 1e12) * 1e6
+            row = dict(B=batch, ctx=ctx, bound_bytes=bound_bytes, bound_us=bound_us,
+                       bound_tokens_per_s=batch / (bound_us * 1e-6))
+            loop.reset()
+            reference = variants["a"](loop.fb).float() if "a" in variants else None
+            for name, fn in variants.items():
+                try:
+                    start = time.perf_counter()
+                    if name == "f":
+                        hand_graph = hand_graph or capture_by_hand(fn, loop)  # the buffers stay: one capture
+                        step = hand_graph
+                    else:
+                        step = (lambda f=fn: f(loop.fb))
+                        if name == "e":
+                            step = with_step_marker(step)
+                    loop.reset()
+                    first = step()
+                    if reference is not None:
+                        row[f"{name}_max_abs_err"] = (first.float() - reference).abs().max().item()
+                    row[f"{name}_first_call_s"] = time.perf_counter() - start
+                    timing = run_loop(loop, step, args.steps)
+                    row[f"{name}_us"] = timing["step_us"]
+                    row[f"{name}_tokens_per_s"] = batch * args.steps / timing["wall_s"]
+                    row[f"{name}_share_of_bound"] = bound_us / timing["step_us"]
+                except Exception as e:  # recorded, and the other variants still run
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            result["rows"].append(row)
+            cells = []
+            for name in args.variants:
+                if f"{name}_us" in row:
+                    cells.append(f"{row[name + '_us']:8.0f} {row[name + '_tokens_per_s']:7.0f} "
+                                 f"{100 * row[name + '_share_of_bound']:6.1f}%")
+                else:
+                    cells.append(f"{'error':>24}")
+            print(f"{batch:>3} {ctx:>6} {bound_us:8.0f} | " + " | ".join(cells), flush=True)
+            write_json(args.json, result)
+        del variants, k_pool, v_pool, page_buffer, loop, hand_graph
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    write_json(args.json, result)
+
+
+def with_step_marker(step):
+    """Tell Inductor's CUDA-graph trees that a new generation step begins (the last step's output is dead)."""
+    def marked():
+        torch.compiler.cudagraph_mark_step_begin()
+        return step()
+    return marked
+
+
+def capture_by_hand(compiled, loop: Loop):
+    """(f): compile the static-table step, warm it up on a side stream, capture one CUDA graph of it; the loop
+    updates the batch tensors in place and replays the graph."""
+    compiled(loop.fb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            compiled(loop.fb)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(loop.fb)
+
+    def replay():
+        graph.replay()
+        return out
+    replay.graph = graph
+    return replay
+
+
+if __name__ == "__main__":
+    main()
