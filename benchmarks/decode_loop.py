@@ -2,7 +2,7 @@
 SwiGLU 14336, vocab 128256, bf16 random weights, ~16 GB), against the bandwidth bound.
 
     python benchmarks/decode_loop.py [--batches 1 8 64] [--contexts 4096 32768] [--steps 128]
-                                     [--variants a b e f] [--cold-compile] [--json out.json]
+                                     [--variants a b e f] [--cold-compile] [--profile] [--json out.json]
 
 Every request starts from a prompt context of the given length (its KV already in the pool, random) and
 generates --steps tokens greedily; lengths grow by one every step, and between steps the loop updates the
@@ -142,6 +142,37 @@ def cold_compile(args) -> dict:
     return result
 
 
+KERNEL_KINDS = (("matmul (cuBLAS)", ("gemv", "gemm", "cutlass", "nvjet", "xmma", "cublas")),
+                ("paged_decode", ("paged_decode",)), ("page_table", ("page_table",)), ("store_kv", ("store_kv",)),
+                ("Inductor Triton (norms, RoPE, SwiGLU, residuals)", ("triton_",)),
+                ("torch ops (argmax, batch update)", ("argmax", "reduce", "index", "elementwise", "copy", "add")))
+
+
+def kernel_time_by_kind(step, steps: int = 5) -> dict:
+    """Device time per step by kind of kernel (torch.profiler, kernels inside CUDA-graph replays included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kinds: dict[str, float] = {}
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name
+        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + us / steps
+        kernels[name[:90]] = kernels.get(name[:90], 0.0) + us / steps
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    return dict(us_per_step_by_kind=kinds, top_kernels_us_per_step=dict(top),
+                kernel_launches_per_step=sum(1 for e in prof.events()
+                                             if e.device_type == torch.autograd.DeviceType.CUDA) / steps)
+
+
 def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
     def step(fb):
         return model(fb, k_pool, v_pool)
@@ -188,6 +219,8 @@ def main():
     parser.add_argument("--variants", nargs="+", default=list("abef"), choices=list("abef"))
     parser.add_argument("--cold-compile", action="store_true", help="measure (e)'s and (b)'s cold compile first")
     parser.add_argument("--cold-timeout", type=int, default=300)
+    parser.add_argument("--profile", action="store_true",
+                        help="where (e)'s and (f)'s step time goes, by kind of kernel, at each batch's first context")
     parser.add_argument("--cold-compile-variant", dest="cold_compile", help=argparse.SUPPRESS)
     parser.add_argument("--json")
     parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
@@ -265,6 +298,9 @@ def main():
                     row[f"{name}_us"] = timing["step_us"]
                     row[f"{name}_tokens_per_s"] = batch * args.steps / timing["wall_s"]
                     row[f"{name}_share_of_bound"] = bound_us / timing["step_us"]
+                    if args.profile and name in ("e", "f") and ctx == contexts[0]:
+                        loop.reset()
+                        row[f"{name}_profile"] = kernel_time_by_kind(lambda: loop.advance(step()))
                 except Exception as e:  # recorded, and the other variants still run
                     row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             result["rows"].append(row)

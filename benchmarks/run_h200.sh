@@ -16,8 +16,8 @@
 #   fa4-stash  keep the first half of FA4's wheels (.whl/, carried) in /root/w for the next call
 #   fa4        join the halves (.whl2/, carried now), install FA4 into /tmp/site and run its GPU test
 #
-# With TUNED=1 the benchmarks run with /root/tuning.json (written by `tune` in an earlier call on the same
-# machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
+# With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
+# call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
 # dist/COMMIT names the commit the wheel was built from.
 set -u
 export PYTHONUNBUFFERED=1
@@ -33,7 +33,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 python -c "import torch, triton, sys; print(torch.__version__, triton.__version__, sys.version.split()[0])" >> "$OUT/gpu.txt"
 echo "commit $SYNCFREE_COMMIT" >> "$OUT/gpu.txt"
 TUNING_ARG=()
-if [ "${TUNED:-0}" = 1 ]; then TUNING_ARG=(--tuning /root/tuning.json); fi
+if [ "${TUNED:-0}" = 1 ]; then
+  TUNING_FILE=${TUNING_FILE:-/root/tuning.json}
+  case "$TUNING_FILE" in /*) ;; *) TUNING_FILE=$PWD/$TUNING_FILE ;; esac
+  TUNING_ARG=(--tuning "$TUNING_FILE")
+  echo "paged_decode TUNING from $TUNING_FILE: $(cat "$TUNING_FILE")"
+fi
 
 bench() {  # bench LIMIT NAME python-args...: run one benchmark in benchmarks/, log to $OUT/NAME.log
   local limit=$1 name=$2

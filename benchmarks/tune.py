@@ -27,7 +27,8 @@ from _common import environment, graph_us, require_cuda, rotating_graph_us, writ
 from paged_decode import case as decode_case, kv_bytes
 from page_table import inputs as table_inputs
 
-SWEEP_SHAPES = [(1, 8192, 16), (1, 32768, 1), (1, 32768, 16), (1, 131072, 16), (4, 32768, 16), (4, 131072, 1)]
+SWEEP_SHAPES = [(1, 8192, 16), (1, 32768, 1), (1, 32768, 16), (1, 131072, 16), (4, 8192, 1), (4, 32768, 16),
+                (4, 131072, 1)]
 SMALL_SHAPES = [(b, ctx, ps) for b in (1, 4) for ctx in (8192, 16384, 32768, 65536, 131072) for ps in (1, 16)]
 LARGE_SHAPES = [(8, 32768, 16), (64, 4096, 1), (64, 4096, 16), (64, 32768, 1), (64, 32768, 16)]
 KNOBS = ("block_n", "num_stages", "num_warps", "programs_per_sm", "min_blocks_per_split", "max_splits")
@@ -111,11 +112,10 @@ def sweep_page_table(results):
 
 
 def sweep_paged_decode(results, old_kernel, write_best=None, json_path=None):
-    # max_splits is lifted so that programs_per_sm alone sets the split count.
-    grid = [dict(block_n=n, num_stages=s, num_warps=w, programs_per_sm=p, min_blocks_per_split=2, max_splits=512)
-            for n in (32, 64, 128) for s in (2, 3, 4) for w in ((4, 8) if n == 128 else (4,)) for p in (8, 16, 32)]
-    grid += [dict(block_n=64, num_stages=s, num_warps=4, programs_per_sm=p, min_blocks_per_split=m, max_splits=512)
-             for s in (2, 3) for p in (8, 16, 32) for m in (1, 4)]
+    # max_splits is lifted so that programs_per_sm alone sets the split count; fractional values place the
+    # grid against how many programs an SM holds at once (a partial second wave costs).
+    grid = [dict(block_n=n, num_stages=s, num_warps=4, programs_per_sm=p, min_blocks_per_split=m, max_splits=512)
+            for n in (64, 128) for s in (2, 3) for p in (2, 2.5, 3, 4, 6, 8) for m in (1, 2)]
     sweep = results["sweep"]
     for shape in SWEEP_SHAPES:
         for config in grid:
@@ -135,13 +135,13 @@ def sweep_paged_decode(results, old_kernel, write_best=None, json_path=None):
     if write_best:  # now, so that a later stage can use it even if the comparison below runs out of time
         write_json(write_best, dict(zip(KNOBS, ranked[0])))
     write_json(json_path, dict(env=environment(), paged_decode=results))
-    candidates = {"today": {k: pd.TUNING[k] for k in KNOBS}}
+    candidates = {}
     for i, key in enumerate(ranked[:3]):
         candidates[f"rank{i + 1}"] = dict(zip(KNOBS, key))
     old_tuning = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per_split": 4,
                   "split_below_rows_per_sm": 2, "num_warps": 4, "num_stages": 2}  # the split counts of before
     for shape in SMALL_SHAPES + LARGE_SHAPES:
-        row = dict(B=shape[0], ctx=shape[1], ps=shape[2], kv_bytes=kv_bytes(*shape))
+        row = dict(B=shape[0], ctx=shape[1], ps=shape[2], kv_bytes=kv_bytes(shape[0], shape[1]))
         if old_kernel is not None:
             row["old_kernel_us"] = decode_us(shape, old_tuning, old=old_kernel)
         row["new_kernel_old_tuning_us"] = decode_us(shape, old_tuning)

@@ -72,13 +72,14 @@ def num_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
 
     `sms` is the device's SM count (0: no splitting, e.g. the interpreter). A batch whose (row, KV head)
     programs already give every SM `split_below_rows_per_sm` of them is not split: the combine would only cost.
-    Otherwise the split count aims at `programs_per_sm` programs per SM, with at least `min_blocks_per_split`
+    Otherwise the split count aims at `programs_per_sm` programs per SM (about what one SM holds at once: a
+    second, partly filled wave of programs costs more than longer splits), with at least `min_blocks_per_split`
     key blocks in each split (over the widest row the table allows) and at most `max_splits`.
     """
     rows = batch * kv_heads
     if sms <= 0 or rows >= TUNING["split_below_rows_per_sm"] * sms:
         return 1
-    want = cdiv(TUNING["programs_per_sm"] * sms, max(1, rows))
+    want = math.ceil(TUNING["programs_per_sm"] * sms / max(1, rows))  # programs_per_sm may be fractional
     most = max(1, cdiv(max_keys, TUNING["block_n"] * TUNING["min_blocks_per_split"]))
     return max(1, min(want, most, TUNING["max_splits"]))
 
