@@ -214,6 +214,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--plan", nargs="+", metavar="B:CTX,CTX",
+                        help="contexts per batch size, e.g. 1:4096,32768 64:2048,4096 (instead of --batches x "
+                             "--contexts)")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--layers", type=int, default=LLAMA3_8B["layers"])
     parser.add_argument("--variants", nargs="+", default=list("abef"), choices=list("abef"))
@@ -226,6 +229,7 @@ def main():
     parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
     args = parser.parse_args()
     apply_tuning(args.tuning)
+    plan = parse_plan(args.plan) if args.plan else {b: list(args.contexts) for b in args.batches}
     require_cuda()
     if args.cold_compile in ("e", "b"):
         print("COLD " + json.dumps(cold_compile(args)), flush=True)
@@ -244,10 +248,10 @@ def main():
           f"model built in {result['model_init_s']:.1f} s", flush=True)
     print(f"{'B':>3} {'ctx':>6} {'bound':>8} | " + " | ".join(f"{'(' + v + ') us  tok/s  %bound':>24}"
                                                              for v in args.variants), flush=True)
-    for batch in args.batches:
+    for batch, wanted in plan.items():
         free = torch.cuda.mem_get_info()[0]
         contexts = []
-        for ctx in args.contexts:
+        for ctx in wanted:
             need = kv_pool_bytes(model_config(args, batch, [ctx]))
             if need > free - (6 << 30):
                 row = dict(B=batch, ctx=ctx, skipped=f"the KV pool needs {need / 2**30:.0f} GiB; "
@@ -317,6 +321,17 @@ def main():
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     write_json(args.json, result)
+
+
+def parse_plan(items) -> dict[int, list[int]]:
+    plan = {}
+    for item in items:
+        try:
+            batch, contexts = item.split(":")
+            plan[int(batch)] = [int(c) for c in contexts.split(",")]
+        except ValueError:
+            raise SystemExit(f"--plan takes B:CTX,CTX items, got {item!r}") from None
+    return plan
 
 
 def with_step_marker(step):
