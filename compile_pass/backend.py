@@ -108,7 +108,7 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
     if report.syncs_remaining:
         lines = "; ".join(f"{i.kind} at {i.location}" for i in report.kept if i.host_sync)
         warnings.warn(f"syncfree: {report.syncs_remaining} host sync point(s) kept: {lines} "
-                      "(compile_pass.last_report() says why)", stacklevel=2)
+                      "(compile_pass.last_report() says why)", stacklevel=3)
 
     patches = opts.config_patches()
     keeps_host_read = _holds_unbacked_symbols(rewritten)
@@ -128,7 +128,7 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         note = (f"inductor failed on this graph, which keeps a host read ({type(e).__name__}: {first}); "
                 "it runs as captured, without Inductor, with its host read")
-        warnings.warn(f"syncfree: {note}", stacklevel=2)
+        warnings.warn(f"syncfree: {note}", stacklevel=3)
         report.notes.append(note)
         report.post_grad = None
         return guard_disjoint_inputs(rewritten.forward, gm, report.disjoint_inputs)

@@ -57,7 +57,9 @@ def test_two_ranks_on_cpu_match_world_size_one(tmp_path):
         assert r["host_reads_in_code"] == 0 and r["collectives_in_code"] >= 4  # 2 layers x 2 all-reduces
         assert r["max_abs_err"] < 1e-4  # equal to the world-size-1 model
         assert [i["kind"] for i in r["report"]["rewritten"]] == ["item"] and r["report"]["kept"] == []
-    assert results[0]["report"] == results[1]["report"]
+    timings = ("pass_seconds", "backend_seconds")  # each rank's own compile times
+    assert [{k: v for k, v in r["report"].items() if k not in timings} for r in results] == \
+        [{k: v for k, v in results[0]["report"].items() if k not in timings}] * 2
 
 
 def test_ranks_that_disagree_on_options_stop_with_a_clear_error(tmp_path):
