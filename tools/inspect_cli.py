@@ -183,7 +183,7 @@ def render(data: dict) -> str:
              f"report: {data['dump_dir']}/report.md, report.json"]
     if not data["depyf"]["used"]:
         lines.append(f"note: {data['depyf']['problem']}; the FX graphs and Inductor code were dumped without it")
-    lines.append("what it buys on a GPU (an H200, a Llama-3-8B-shaped model: the step as one CUDA graph, 3.1x "
+    lines.append("what it buys on a GPU (an H200, a Llama-3-8B-shaped model: the step as one CUDA graph, 3.2x "
                  "the tokens/s of stock torch.compile at batch 1): BENCHMARKS.md")
     return "\n".join(lines)
 
