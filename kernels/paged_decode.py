@@ -24,8 +24,9 @@ SELF_GUARDING = {"syncfree::paged_decode": dict(page_table="page_table", lengths
 MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the sweep and the choice).
 # H200, 2026-11-30: BLOCK_N 64, 2 stages, 4 warps; a batch of fewer than 2 (row, KV head) programs per SM splits
-# its keys toward 8 programs per SM, at most 64 splits of at least 2 key blocks (more splits lost up to 35% at
-# B=4 and 64K-128K keys; fewer lost at B=1 and 8K).
+# its keys toward 8 programs per SM, at most 64 splits of at least 2 key blocks. Uncapped (132 splits at B=1)
+# lost 13-16% at 16K-32K keys; aiming at 4 programs per SM lost 26-40% at B=4 and 64K-128K; at least 4 blocks
+# per split lost 13% at B=1 and 8K.
 TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per_split": 2,
           "split_below_rows_per_sm": 2, "num_warps": 4, "num_stages": 2, "combine_block_s": 64, "combine_warps": 4}
 
