@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import sys
@@ -53,6 +54,7 @@ def copy_bandwidth_tbs(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (t * 1e-6) / 1e12
 
 
+@functools.cache  # written into every JSON a benchmark saves (after each row): ask git once
 def _commit() -> str:
     """The commit measured: $SYNCFREE_COMMIT (set by run_h200.sh, where no .git travels) or git's HEAD."""
     import os

@@ -50,6 +50,4 @@ def sm_count(t: torch.Tensor) -> int:
 
 def device_programs(t: torch.Tensor, per_sm: int = 4) -> int:
     """A grid size that fills the device: a few programs per SM on CUDA, one under the interpreter."""
-    if t.is_cuda:
-        return per_sm * _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
-    return 1
+    return per_sm * sm_count(t) if t.is_cuda else 1
