@@ -204,3 +204,40 @@ def copy_dynamo_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if hasattr(old_node, "_dynamo_source"):
             new_node._dynamo_source = old_node._dynamo_source
     return new
+
+
+def overload_schemas(packet) -> list:
+    """[(overload name, schema)] of an OpOverloadPacket: every overload a call of the packet may resolve to."""
+    found = []
+    for name in packet.overloads():
+        try:
+            found.append((name, getattr(packet, name)._schema))
+        except (AttributeError, RuntimeError):
+            continue
+    return found
+
+
+def resolve_packet_call(packet, args, kwargs):
+    """The OpOverload that `packet(*args, **kwargs)` runs (the dispatcher's own choice), or None when unknown."""
+    names = packet.overloads()
+    if names == ["default"]:
+        return packet.default
+    try:
+        name = torch._C._jit_resolve_packet(packet._qualified_op_name, *args, **kwargs)
+    except Exception:
+        return None
+    return getattr(packet, name or "default", None)
+
+
+def graph_break_reasons() -> list[tuple[str, str]]:
+    """[(reason, 'file.py:LINE' of the user's code)] of every graph break Dynamo recorded in this process."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons as reasons
+    except ImportError:
+        return []
+    found = []
+    for r in list(reasons):
+        stack = getattr(r, "user_stack", None) or []
+        where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "<unknown>"
+        found.append((str(getattr(r, "reason", r)), where))
+    return found

@@ -1,6 +1,9 @@
 """The `syncfree` torch.compile backend and `compile_pass.compile`.
 
-    user fn --Dynamo--> FX graph --PageTableRewrite--> rewritten graph --compile_fx + SyncFreeCheck--> callable
+    user fn --Dynamo--> FX graph --SyncPass (rules/)--> rewritten graph --compile_fx + SyncFreeCheck--> callable
+
+The pass returns a typed PassResult; the backend decides from it (strict, CUDA graphs, the per-call guard on
+inputs assumed distinct) and builds the report once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch.fx
 from . import _compat
 from .normalize import is_full_max
 from .options import SyncfreeOptions
-from .page_table_rewrite import PageTableRewrite
+from .sync_pass import PassResult, SyncPass
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
 from .report import SyncItem, SyncRemainsError, SyncReport, collecting_reports, node_location, set_last_report
@@ -82,7 +85,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     start = time.perf_counter()
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
-        report = PageTableRewrite(opts)(rewritten)
+        report = report_of(SyncPass(opts)(rewritten), opts)
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
             raise
@@ -98,9 +101,54 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         report.backend_seconds = time.perf_counter() - start
 
 
+def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
+    """The report of one graph, built once from the pass's result."""
+    report = SyncReport(rewritten=list(result.rewritten), kept=list(result.kept), notes=list(result.notes),
+                        options=opts.to_dict(), disjoint_inputs=list(result.disjoint_inputs))
+    if result.disjoint_names:
+        report.notes.append(disjoint_note(result.disjoint_names))
+    return report
+
+
+def disjoint_note(pairs) -> str:
+    """The inputs assumed distinct, grouped by tensor and named by their sources."""
+    grouped: dict[str, list[str]] = {}
+    for a, b in pairs:
+        grouped.setdefault(a, []).append(b)
+    parts = [f"{a} vs {', '.join(sorted(set(bs)))}" for a, bs in sorted(grouped.items())]
+    return ("assumes these graph inputs never share memory: " + "; ".join(parts)
+            + " (checked on every call; a call in which they do runs the graph as captured, without the rewrite)")
+
+
+_BREAKS_SEEN = [0]
+
+
+def _new_graph_breaks(gm) -> list[SyncItem]:
+    """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync."""
+    reasons = _compat.graph_break_reasons()
+    if len(reasons) < _BREAKS_SEEN[0]:  # torch._dynamo.reset() cleared them
+        _BREAKS_SEEN[0] = 0
+    new, _BREAKS_SEEN[0] = reasons[_BREAKS_SEEN[0]:], len(reasons)
+    items = []
+    for reason, location in new:
+        host = any(word in reason for word in ("generic_jump", "item()", ".item", "tolist", "numpy",
+                                               "data-dependent", "Data-dependent", "__bool__"))
+        first = reason.strip().splitlines()[0][:160] if reason.strip() else "unknown reason"
+        why = (f"kept: Dynamo broke the graph here ({first}); the Python code after the break reads the value on "
+               "the host" if host else f"graph break here ({first}); no host read is known to be involved")
+        if "capture_scalar_outputs" in reason:
+            why = "kept: graph break at .item(): " + CAPTURE_FIX
+        items.append(SyncItem("graph_break", location, why, host, "", "graph_break" if host else ""))
+    return items
+
+
 def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions):
+    breaks = _new_graph_breaks(gm)
+    report.kept.extend(item for item in breaks if item.host_sync)
+    report.notes.extend(item.location + ": " + item.reason for item in breaks if not item.host_sync)
     if not _compat.capture_scalar_outputs_enabled():
-        report.kept.extend(_graph_break_items(gm))
+        if not any(i.kind == "graph_break" and i.host_sync for i in report.kept):
+            report.kept.extend(_graph_break_items(gm))
         report.notes.append(CAPTURE_FIX)
     set_last_report(report)
     if opts.strict and report.syncs_remaining:

@@ -1,7 +1,12 @@
-"""The registry of self-guarding consumers: ops that read no key past their own lengths argument.
+"""Facts about ops, scoped by the rule that reads them: which ops read no key past their own lengths argument.
 
-The safety rule (docs/design.md) lets the pass hand such an op a static-width page table and a static upper bound
-in place of a dynamic max. Register your own attention op with `register_self_guarding_consumer`.
+Facts belong to ONE overload (`ns::op.overload`) and name that overload's own arguments: registering
+`torch.ops.mylib.attn.default` says nothing about `torch.ops.mylib.attn.varlen`. A call through the packet
+(`torch.ops.mylib.attn(...)`) is resolved to the overload the dispatcher would run; when that is unknown, the
+call has no facts (and so keeps the max).
+
+The page-table rule reads `SelfGuardingConsumer` facts (register them with `register_self_guarding_consumer`);
+other rules register their own kinds of facts with `register_facts(rule, op, facts)`.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from typing import Any
 
 import torch
 
+from . import _compat
+
 
 @dataclasses.dataclass(frozen=True)
 class SelfGuardingConsumer:
-    """An op name ("ns::op") and the names of its page-table, lengths and upper-bound arguments."""
+    """An overload ("ns::op.overload") and the names of its page-table, lengths and upper-bound arguments."""
 
     name: str
     page_table: str | None
@@ -24,34 +31,68 @@ class SelfGuardingConsumer:
     # (argument, dim) whose size is the op's page size, e.g. ("k_cache", 1): lets a page-level table sliced by a
     # page count `(m + ps - 1) // ps` be proven (the count must use the op's own page size).
     page_size_of: tuple[str, int] | None = None
+    # Scheduler metadata computed from the same max (FA3's get_scheduler_metadata): the argument of this op that
+    # takes it. Such metadata is only valid for the bound it was computed with, so the rewrite is joint.
+    metadata: str | None = None
+    # For a producer of such metadata (it reads the lengths and an upper bound, its result steers a consumer's
+    # split-KV): the consumers' argument its result may go to. Its upper bounds get the consumers' bound.
+    feeds_metadata: str | None = None
+
+    @property
+    def overload(self) -> str:
+        return self.name.split(".", 1)[1] if "." in self.name else "default"
 
 
-_REGISTRY: dict[str, SelfGuardingConsumer] = {}
+_REGISTRY: dict[str, dict[str, Any]] = {}  # rule -> overload name -> facts
 _LOCK = threading.Lock()
+PAGE_TABLE_RULE = "page_table"
 
 
-def _qualified_name(op: Any) -> str:
+def overload_name(op: Any) -> str:
+    """'ns::op.overload' for an OpOverload; '.default' for a packet, a custom_op or an 'ns::op' string."""
     if isinstance(op, str):
         if "::" not in op:
-            raise ValueError(f"op must be named 'namespace::name', got {op!r}")
-        return op.split(".")[0]
+            raise ValueError(f"op must be named 'namespace::name[.overload]', got {op!r}")
+        return op if "." in op.split("::", 1)[1] else op + ".default"
     if isinstance(op, torch._ops.OpOverload):
-        return op._schema.name
+        return f"{op._schema.name}.{op._overloadname or 'default'}"
     if isinstance(op, torch._ops.OpOverloadPacket):
-        return op._qualified_op_name
+        return f"{op._qualified_op_name}.default"
     # torch.library.custom_op returns a CustomOpDef; its ._opoverload is the registered op.
     inner = getattr(op, "_opoverload", None)
     if isinstance(inner, torch._ops.OpOverload):
-        return inner._schema.name
+        return overload_name(inner)
     raise TypeError(
-        f"op must be a torch op (torch.ops.ns.name), a custom_op or an 'ns::name' string, got {type(op).__name__}"
+        f"op must be a torch op (torch.ops.ns.name[.overload]), a custom_op or an 'ns::name' string, got "
+        f"{type(op).__name__}"
     )
 
 
-def schema_argument_names(name: str) -> list[str]:
-    namespace, opname = name.split("::")
+def _resolve(name: str):
+    namespace, rest = name.split("::", 1)
+    opname, overload = rest.split(".", 1)
     packet = getattr(getattr(torch.ops, namespace), opname)
-    return [a.name for a in packet.default._schema.arguments]
+    return getattr(packet, overload)
+
+
+def schema_argument_names(name: str) -> list[str]:
+    """The argument names of one overload, from its own schema."""
+    return [a.name for a in _resolve(overload_name(name))._schema.arguments]
+
+
+def register_facts(rule: str, op: Any, facts) -> None:
+    with _LOCK:
+        _REGISTRY.setdefault(rule, {})[overload_name(op)] = facts
+
+
+def unregister_facts(rule: str, op: Any) -> None:
+    with _LOCK:
+        _REGISTRY.get(rule, {}).pop(overload_name(op), None)
+
+
+def facts_of(rule: str) -> dict[str, Any]:
+    with _LOCK:
+        return dict(_REGISTRY.get(rule, {}))
 
 
 def register_self_guarding_consumer(
@@ -61,20 +102,22 @@ def register_self_guarding_consumer(
     lengths: str | None = None,
     upper_bounds: tuple[str, ...] | list[str] = (),
     page_size_of: tuple[str, int] | None = None,
+    metadata: str | None = None,
+    feeds_metadata: str | None = None,
 ) -> SelfGuardingConsumer:
-    """Declare that `op` reads at most `lengths[b]` keys of row b through `page_table`, and that the arguments
-    named in `upper_bounds` (e.g. max_seqlen_k) accept any value >= the true maximum.
+    """Declare that the overload `op` reads at most `lengths[b]` keys of row b through `page_table`, and that the
+    arguments named in `upper_bounds` (e.g. max_seqlen_k) accept any value >= the true maximum.
 
-    The op must be registered with torch.library (its schema names the arguments). Registering the same op
-    again replaces the entry.
+    `op` is one overload (`torch.ops.ns.name.overload`); a packet, a custom_op or 'ns::name' means `.default`.
+    The names are checked against that overload's schema. Registering the same overload again replaces it.
     """
-    name = _qualified_name(op)
+    name = overload_name(op)
     try:
         arg_names = schema_argument_names(name)
     except (AttributeError, RuntimeError) as e:
-        raise ValueError(f"op {name!r} is not a registered torch op: {e}") from None
+        raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
     upper_bounds = tuple(upper_bounds)
-    for label, value in (("page_table", page_table), ("lengths", lengths)):
+    for label, value in (("page_table", page_table), ("lengths", lengths), ("metadata", metadata)):
         if value is not None and value not in arg_names:
             raise ValueError(f"{label}={value!r} is not an argument of {name} (arguments: {arg_names})")
     for value in upper_bounds:
@@ -82,42 +125,67 @@ def register_self_guarding_consumer(
             raise ValueError(f"upper_bounds entry {value!r} is not an argument of {name} (arguments: {arg_names})")
     if page_table is not None and lengths is None:
         raise ValueError("a consumer that takes a page_table must name its lengths argument")
+    if feeds_metadata is not None and (lengths is None or not upper_bounds):
+        raise ValueError("a metadata producer (feeds_metadata) must name its lengths and upper_bounds arguments")
     if page_size_of is not None:
         if not (isinstance(page_size_of, tuple) and len(page_size_of) == 2 and page_size_of[0] in arg_names
                 and isinstance(page_size_of[1], int)):
             raise ValueError(f"page_size_of must be (argument of {name}, dim), got {page_size_of!r}")
-    entry = SelfGuardingConsumer(name, page_table, lengths, upper_bounds, page_size_of)
-    with _LOCK:
-        _REGISTRY[name] = entry
+    entry = SelfGuardingConsumer(name, page_table, lengths, upper_bounds, page_size_of, metadata, feeds_metadata)
+    register_facts(PAGE_TABLE_RULE, name, entry)
     return entry
 
 
 def unregister_self_guarding_consumer(op: Any) -> None:
-    with _LOCK:
-        _REGISTRY.pop(_qualified_name(op), None)
-
-
-def lookup_consumer(target: Any) -> SelfGuardingConsumer | None:
-    """The registry entry for an FX call_function target, or None."""
-    try:
-        name = _qualified_name(target)
-    except (TypeError, ValueError):
-        return None
-    return _REGISTRY.get(name)
+    unregister_facts(PAGE_TABLE_RULE, op)
 
 
 def registered_consumers() -> dict[str, SelfGuardingConsumer]:
-    with _LOCK:
-        return dict(_REGISTRY)
+    return facts_of(PAGE_TABLE_RULE)
 
 
 def registry_fingerprint() -> str:
-    """Part of the post-grad pass's uuid: what the registry held when the graph was compiled."""
-    return repr(sorted(registered_consumers().items()))
+    """Part of the post-grad pass's uuid: every rule's facts when the graph was compiled."""
+    with _LOCK:
+        return repr(sorted((rule, sorted(entries.items())) for rule, entries in _REGISTRY.items()))
+
+
+def resolved_overload(node: torch.fx.Node):
+    """The OpOverload a call_function node runs: itself, or the packet's overload for these arguments."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    inner = getattr(target, "_opoverload", None)  # a CustomOpDef called directly
+    if isinstance(inner, torch._ops.OpOverload):
+        return inner
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _compat.example_value)
+        return _compat.resolve_packet_call(target, args, kwargs)
+    return None
+
+
+def lookup_facts(rule: str, node: torch.fx.Node):
+    """The facts `rule` holds for the overload this node runs, or None."""
+    if node.op != "call_function" or not isinstance(
+            node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+            and getattr(node.target, "_opoverload", None) is None:
+        return None
+    entries = _REGISTRY.get(rule)
+    if not entries:
+        return None
+    overload = resolved_overload(node)
+    return entries.get(overload_name(overload)) if overload is not None else None
+
+
+def lookup_consumer(node: torch.fx.Node) -> SelfGuardingConsumer | None:
+    """The page-table rule's facts for the overload a call node runs, or None."""
+    return lookup_facts(PAGE_TABLE_RULE, node)
 
 
 def bind_arguments(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Map a call's positional and keyword arguments to the op schema's argument names."""
+    """Map a call's positional and keyword arguments to one overload's argument names."""
     names = schema_argument_names(name)
     bound = dict(zip(names, args))
     bound.update(kwargs)

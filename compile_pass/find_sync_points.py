@@ -18,8 +18,8 @@ import torch
 import torch.fx
 
 from ._compat import example_value, placeholder_source_name
-from .normalize import INT_DTYPES, callable_name, is_host_copy, is_item, max_nodes, max_source
-from .report import node_location
+from .fx_util import code_line, node_location
+from .normalize import INT_DTYPES, NUMPY_ITEM_NAME, callable_name, is_host_copy, is_item, max_nodes, reduction_of
 
 
 @dataclasses.dataclass
@@ -27,26 +27,19 @@ class SyncPoint:
     kind: str
     value: torch.fx.Node  # the node whose result is the host value
     nodes: list[torch.fx.Node]  # the nodes that make up the read, in graph order
-    source: torch.fx.Node | None = None  # for a dynamic max: the tensor whose max is taken
+    source: torch.fx.Node | None = None  # the tensor the reduction is taken over (None: no known reduction)
     host_sync: bool = True
     location: str = "<unknown>"
     code: str = ""
+    reduction: str | None = None  # "max", ... (normalize.REDUCTIONS); rules match on it
 
     @property
     def is_max(self) -> bool:
-        return self.source is not None
-
-
-def _code_line(node: torch.fx.Node) -> str:
-    trace = node.meta.get("stack_trace") or ""
-    lines = [ln.strip() for ln in trace.strip().splitlines()]
-    # The last frame's code line follows its "File ..." line; caret lines are dropped.
-    code = [ln for ln in lines if ln and not ln.startswith("File ") and set(ln) - set("^~ ")]
-    return code[-1] if code else ""
+        return self.reduction == "max"
 
 
 def _where(node: torch.fx.Node) -> tuple[str, str]:
-    return node_location(node), _code_line(node)
+    return node_location(node), code_line(node)
 
 
 def attribute_name(source_name: str | None) -> str | None:
@@ -147,7 +140,7 @@ def find_sync_points(graph: torch.fx.Graph, mirrors: dict[torch.fx.Node, torch.f
         source, members = match
         claimed.update(members)
         loc, code = _where(node)
-        points.append(SyncPoint("tolist", node, members, source, not host_resident(source), loc, code))
+        points.append(SyncPoint("tolist", node, members, source, not host_resident(source), loc, code, "max"))
 
     for node in nodes:
         if node in claimed:
@@ -155,23 +148,23 @@ def find_sync_points(graph: torch.fx.Graph, mirrors: dict[torch.fx.Node, torch.f
         if is_item(node):
             inner = node.args[0]
             members = [node]
-            source = None
-            source = max_source(inner)
+            reduction, source = reduction_of(inner)
             if source is not None:
                 members = max_nodes(inner) + [node]
             base = source if source is not None else inner
             if base in mirrors:
                 kind = "cpu_mirror"
-            elif callable_name(node) == "wrapped_item":
+            elif callable_name(node) == NUMPY_ITEM_NAME:
                 kind = "numpy"
             else:
                 kind = "item"
             loc, code = _where(node)
-            points.append(SyncPoint(kind, node, members, source, not host_resident(base), loc, code))
+            points.append(SyncPoint(kind, node, members, source, not host_resident(base), loc, code, reduction))
             claimed.update(members)
         elif is_host_copy(node) and isinstance(node.args[0], torch.fx.Node):
             loc, code = _where(node)
             points.append(SyncPoint("cpu_copy", node, [node], None, not host_resident(node.args[0]), loc, code))
             claimed.add(node)
-    points.sort(key=lambda p: nodes.index(p.value))
+    order = {n: i for i, n in enumerate(nodes)}
+    points.sort(key=lambda p: order[p.value])
     return points

@@ -1,13 +1,15 @@
 """The canonical vocabulary: the many ways Dynamo spells one thing, each mapped to one small form.
 
-Rules (find_sync_points, prove_static_bound) match on these forms only, never on raw spellings:
+Rules (find_sync_points, rules/*) match on these forms only, never on raw spellings. Each spelling names the torch
+versions known to emit it where that matters (Dynamo moves them between releases):
 
     full max      t.max() | t.amax() | torch.max(t) | torch.amax(t) | t.max(dim=0).values (1-D) | numpy a.max()
     host read     t.item() | int(t) | numpy int(a)                                   (wrapped_item)
     host copy     t.cpu() | t.to("cpu") | t.numpy()
-    value kept    t.int() | t.long() | t.to(int32|int64) | t.type(..) | .contiguous() | .clone() (+ device copies)
-    x + k         x + k | k + x | x.add(k) | torch.add(x, k)                          (int tensor, int k)
-    gather        X[rows, :m:s] | X[rows, 0:m:s] | X[rows][:, :m:s]                   -> Gather(X, rows, s, extra)
+    value kept    widening or identity casts: t.long() | t.to(int64) | t.type(..) | .contiguous() | .clone()
+                  (+ device copies); narrowing ones (int64 -> int32) only where a range is known (lengths)
+    x + k         x + k | k + x | x.add(k) | torch.add(x, k) | x - k | x.sub(k)           (int tensor, int k)
+    gather        X[rows, :m:s] | X[rows, 0:m:s] | X[rows][:, :m:s] | X[:B, :m]       -> Gather(X, rows, s, extra)
     column step   T[:, ::s] | T[:, torch.arange(0, T.shape[1], s)]                    -> s
     floor div     T // c | T.floor_divide(c) | torch.div(T, c, rounding_mode="floor") -> c
     m + c         m + c | c + m | m - c (c an int)                                    -> +c / -c (c - m: None)
@@ -27,6 +29,17 @@ from ._compat import example_value
 from .kernels._triton import cdiv as ceil_div  # noqa: F401  (re-exported: the rules use ceil_div)
 
 INT_DTYPES = (torch.int32, torch.int64)
+_INT_BITS = {torch.int32: 32, torch.int64: 64}
+# Dynamo's names for its numpy wrappers (torch 2.11-2.15): `wrapped_<numpy function or ndarray method>`.
+NUMPY_MAX_NAMES = ("wrapped_max", "wrapped_amax")
+NUMPY_ITEM_NAME = "wrapped_item"
+# Comparisons and asserts as Dynamo records them; a user's torch._check is itself a graph target on 2.11/2.12.
+COMPARES = frozenset({operator.ge, operator.le, operator.gt, operator.lt, operator.eq, operator.ne})
+ASSERTS = frozenset({torch.ops.aten._assert_scalar.default, torch._check})
+ARITHMETIC = frozenset({operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
+                        operator.neg, operator.add, operator.sub, torch.sym_max, torch.sym_min})
+SYM_SIZE = torch.ops.aten.sym_size.int
+DEVICE_COPY_METHODS = ("to", "cuda")
 _KEEP_VALUE_METHODS = {"to", "type", "int", "long", "contiguous", "clone", "cuda", "cpu"}
 
 
@@ -70,7 +83,7 @@ def max_source(node):
         return None
     if len(node.args) != 1 or any(v is not None for v in node.kwargs.values()):
         return None
-    if _is_max_call(node) or callable_name(node) in ("wrapped_max", "wrapped_amax"):
+    if _is_max_call(node) or callable_name(node) in NUMPY_MAX_NAMES:
         source = node.args[0]
         # numpy: Dynamo reads a CPU tensor as an array through `t.view_as(t)`
         if isinstance(source, torch.fx.Node) and source.op == "call_method" and source.target == "view_as":
@@ -87,7 +100,7 @@ def max_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The nodes a full max is made of (the max itself, numpy's view, dim-max's getitem)."""
     if node.op == "call_function" and node.target is operator.getitem:
         return [node.args[0], node]
-    if callable_name(node) in ("wrapped_max", "wrapped_amax") and node.args[0] is not max_source(node):
+    if callable_name(node) in NUMPY_MAX_NAMES and node.args[0] is not max_source(node):
         return [node.args[0], node]
     return [node]
 
@@ -96,7 +109,20 @@ def is_item(node) -> bool:
     """`t.item()`, `int(t)` and a numpy scalar read (Dynamo's `wrapped_item`): a host read of one value."""
     if not isinstance(node, torch.fx.Node):
         return False
-    return (node.op == "call_method" and node.target == "item") or callable_name(node) == "wrapped_item"
+    return (node.op == "call_method" and node.target == "item") or callable_name(node) == NUMPY_ITEM_NAME
+
+
+# The reductions a host read may be taken over, by kind: each returns the reduced tensor (or None).
+REDUCTIONS = {"max": max_source}
+
+
+def reduction_of(node):
+    """(kind, source) of the reduction a host read reads, e.g. ("max", seq_lens); (None, None) for another."""
+    for kind, source_of in REDUCTIONS.items():
+        source = source_of(node)
+        if source is not None:
+            return kind, source
+    return None, None
 
 
 def _is_cpu_device(value) -> bool:
@@ -118,15 +144,18 @@ def is_host_copy(node: torch.fx.Node) -> bool:
 
 
 # -- values -----------------------------------------------------------------------------------------------
-def value_kept_input(node, allow_moves: bool = False):
-    """If `node` keeps every value of its input (an int32/int64 cast, contiguous, clone, and with allow_moves a
-    device copy), that input; else None."""
+def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = False):
+    """If `node` keeps every value of its input (an identity or widening int cast, contiguous, clone, and with
+    allow_moves a device copy), that input; else None. A narrowing cast (int64 -> int32) keeps values only in
+    a known range: allow_narrowing says the caller knows one (lengths within the bound)."""
     if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
         return None
     source = node.args[0]
     if not isinstance(source, torch.fx.Node):
         return None
     if dtype_of(node) not in INT_DTYPES or dtype_of(source) not in INT_DTYPES:
+        return None
+    if _INT_BITS[dtype_of(node)] < _INT_BITS[dtype_of(source)] and not allow_narrowing:
         return None
     if getattr(example_value(node), "shape", None) != getattr(example_value(source), "shape", None):
         return None
@@ -140,11 +169,18 @@ def is_value_cast(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in _KEEP_VALUE_METHODS
 
 
-def strip_kept_values(node, allow_moves: bool = False) -> tuple:
+def is_narrowing(node) -> bool:
+    """An int cast to fewer bits than its input has."""
+    source = node.args[0] if isinstance(node, torch.fx.Node) and node.args else None
+    a, b = dtype_of(node), dtype_of(source)
+    return a in _INT_BITS and b in _INT_BITS and _INT_BITS[a] < _INT_BITS[b]
+
+
+def strip_kept_values(node, allow_moves: bool = False, allow_narrowing: bool = False) -> tuple:
     """(root, nodes passed through): follow value-keeping ops down to the tensor they copy."""
     passed = []
     while True:
-        inner = value_kept_input(node, allow_moves)
+        inner = value_kept_input(node, allow_moves, allow_narrowing)
         if inner is None:
             return node, passed
         passed.append(node)
@@ -152,15 +188,20 @@ def strip_kept_values(node, allow_moves: bool = False) -> tuple:
 
 
 def constant_add(node):
-    """`x + k` on an int tensor with an int k: (x, k), else None."""
+    """`x + k` or `x - k` on an int tensor with an int k: (x, k) or (x, -k), else None (`k - x` too)."""
     if not isinstance(node, torch.fx.Node) or dtype_of(node) not in INT_DTYPES:
         return None
-    if not ((node.op == "call_function" and node.target in (operator.add, torch.add))
-            or (node.op == "call_method" and node.target in ("add", "__add__", "__radd__"))):
+    adds = (node.op == "call_function" and node.target in (operator.add, torch.add)) \
+        or (node.op == "call_method" and node.target in ("add", "__add__", "__radd__"))
+    subs = (node.op == "call_function" and node.target in (operator.sub, torch.sub)) \
+        or (node.op == "call_method" and node.target in ("sub", "__sub__"))
+    if not (adds or subs):
         return None
     if node.kwargs and node.kwargs != {"alpha": 1}:
         return None
     a, b = (tuple(node.args) + (None,))[:2]
+    if subs:
+        return (a, -b) if isinstance(a, torch.fx.Node) and _int_const(b) else None
     for x, k in ((a, b), (b, a)):
         if isinstance(x, torch.fx.Node) and _int_const(k):
             return x, k
@@ -197,9 +238,10 @@ def min_clamp(user: torch.fx.Node, m: torch.fx.Node):
 @dataclasses.dataclass
 class Gather:
     table: torch.fx.Node  # the [R, T] token table
-    rows: torch.fx.Node  # the request indices
+    rows: torch.fx.Node | None  # the request indices (None: rows [0, row_stop) by a slice, gpt-fast's `[:B, :n]`)
     step: int | None  # the slice's step
     extra: list[torch.fx.Node]  # nodes of the spelling besides the gather itself (a chained row gather)
+    row_stop: object = None  # with rows None: the slice's stop (an int, a SymInt node, or None for all rows)
 
 
 def _stop_slice(index, m) -> bool:
@@ -217,6 +259,10 @@ def as_gather(user: torch.fx.Node, m: torch.fx.Node) -> Gather | None:
     step = index[1].step
     if isinstance(index[0], torch.fx.Node) and index[0] is not m:
         return Gather(base, index[0], step, [])
+    rows = index[0]
+    if isinstance(rows, slice) and rows.start in (None, 0) and rows.step in (None, 1) and rows.stop is not m \
+            and isinstance(base, torch.fx.Node) and base.target is not operator.getitem:
+        return Gather(base, None, step, [], rows.stop)
     if index[0] == slice(None) and isinstance(base, torch.fx.Node) and base.op == "call_function" \
             and base.target is operator.getitem and isinstance(base.args[1], torch.fx.Node) \
             and len(base.users) == 1:

@@ -24,6 +24,8 @@ class SyncfreeOptions:
     # object or returned) leaves at the static width / as the static bound: the one semantic change, opt-in.
     static_escapes: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()
+    # Options the rules declare (compile_pass.rules: each rule's `options`), normalised by their checks.
+    rule_options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "SyncfreeOptions":
@@ -43,7 +45,12 @@ class SyncfreeOptions:
         if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                       for k, v in mirrors.items()):
             raise TypeError("options['cpu_mirrors'] must map mirror attribute names to device twin names (str -> str)")
-        inductor = {k: v for k, v in options.items() if k not in _OURS}
+        from .rules import declared_options
+
+        declared = declared_options()
+        rule_options = {name: option.check(name, options.get(name, option.default))
+                        for name, option in declared.items()}
+        inductor = {k: v for k, v in options.items() if k not in _OURS and k not in declared}
         return cls(
             max_context_len=mcl,
             page_size=ps,
@@ -53,13 +60,20 @@ class SyncfreeOptions:
             cudagraphs=options.get("cudagraphs", False),
             static_escapes=options.get("static_escapes", False),
             inductor=tuple(sorted(inductor.items())),
+            rule_options=tuple(sorted(rule_options.items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["cpu_mirrors"] = dict(self.cpu_mirrors)
         d["inductor"] = dict(self.inductor)
+        d.pop("rule_options")
+        d.update({k: (dict(v) if isinstance(v, tuple) else v) for k, v in self.rule_options})
         return d
+
+    def rule_option(self, name: str):
+        """A rule-declared option's normalised value (its declared default when not given)."""
+        return dict(self.rule_options).get(name)
 
     def fingerprint(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, default=repr)

@@ -29,7 +29,7 @@ from .report import node_location
 _FINDINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("syncfree_post_grad", default=None)
 
 _SOURCE_HASH = hashlib.sha256(
-    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("**/*.py")))
 ).hexdigest()
 
 

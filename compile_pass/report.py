@@ -45,6 +45,9 @@ class SyncItem:
     # False for a host read that costs no device sync (e.g. a max over an already published CPU mirror).
     host_sync: bool = True
     code: str = ""
+    # Why it was kept, as a code (compile_pass.proof.REASONS); "" for a rewritten item.
+    reason_code: str = ""
+    rule: str = ""  # the rule that proved (or refused) it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,13 +1,13 @@
-"""Helpers for pass tests: run PageTableRewrite on Dynamo graphs without Inductor (fast)."""
+"""Helpers for pass tests: run the pass (SyncPass) on Dynamo graphs without Inductor (fast)."""
 
 import dataclasses
 
 import torch
 
 from compile_pass import _compat
-from compile_pass.backend import guard_disjoint_inputs
+from compile_pass.backend import guard_disjoint_inputs, report_of
 from compile_pass.options import SyncfreeOptions
-from compile_pass.page_table_rewrite import PageTableRewrite
+from compile_pass.sync_pass import SyncPass
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ class Rewriting:
 
     def __call__(self, gm, example_inputs):
         original = _compat.copy_dynamo_graph_module(gm)
-        report = PageTableRewrite(self.options)(gm)
+        report = report_of(SyncPass(self.options)(gm), self.options)
         self.graphs.append(gm)
         self.reports.append(report)
         return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)  # as the backend does

@@ -58,14 +58,14 @@ def test_report_says_where_compile_time_went(monkeypatch):
         time.sleep(0.2)
         return real_check(graph)
 
-    real_rewrite = backend.PageTableRewrite.__call__
+    real_rewrite = backend.SyncPass.__call__
 
     def slow_rewrite(self, gm):
         time.sleep(0.3)
         return real_rewrite(self, gm)
 
     monkeypatch.setattr(post_grad_check, "post_grad_syncs", slow_check)
-    monkeypatch.setattr(backend.PageTableRewrite, "__call__", slow_rewrite)
+    monkeypatch.setattr(backend.SyncPass, "__call__", slow_rewrite)
     q, k, v = make_qkv(3)
     fb = make_fb([3, 9, 5])
     torch._dynamo.reset()

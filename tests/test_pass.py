@@ -206,12 +206,12 @@ def test_strict_raises_listing_each_kept_line():
 
 
 def test_broken_pass_falls_back_to_the_untouched_graph(monkeypatch):
-    from compile_pass.page_table_rewrite import PageTableRewrite
+    from compile_pass.sync_pass import SyncPass
 
     def broken(self, gm):
         raise RuntimeError("deliberately broken")
 
-    monkeypatch.setattr(PageTableRewrite, "__call__", broken)
+    monkeypatch.setattr(SyncPass, "__call__", broken)
     fn, _ = _unsafe_cases()["returns_max"]
     fb = make_fb([3, 9])
     compiled = torch.compile(fn, backend="syncfree", options={"max_context_len": MCL}, fullgraph=True)
@@ -361,9 +361,9 @@ def test_upper_bound_of_a_consumer_without_lengths_is_kept():
 def test_a_rewrite_that_leaves_a_host_read_is_not_counted_as_removed(monkeypatch):
     """The report counts what is really left: were the proof to miss a second use of a list element, the
     `.item()` that stays is reported, and strict would see it."""
-    from compile_pass.prove_static_bound import _Prover
+    from compile_pass.rules.page_table import _Walk
 
-    monkeypatch.setattr(_Prover, "check_tolist_elements", lambda self: None)
+    monkeypatch.setattr(_Walk, "check_tolist_elements", lambda self: None)
 
     def step(fb):
         values = fb.seq_lens.tolist()

@@ -1,0 +1,166 @@
+"""The proof context every rule calls: the default-deny write log, the lengths relations, the inputs assumed
+distinct, and the reason codes a kept host read carries.
+
+Rules never copy these: a rule asks `ctx.check_no_writes(...)` and `ctx.relate_lengths(...)`, and raises
+`Unsafe(code, message)` for a use the safety rule does not allow. The graph does not change while any rule
+proves: every plan is proven on the untouched graph, then the driver applies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx
+
+from ._compat import example_value
+from .fx_util import node_location
+from .mutations import WriteLog
+from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, strip_kept_values
+
+# Every reason a host read is kept, by code. Tests assert codes; the message beside it says the particulars.
+REASONS: dict[str, str] = {
+    "no_bound": "no static bound was given (max_context_len)",
+    "no_rule": "no rule recognises this host read (not a reduction over a lengths tensor)",
+    "not_int_lengths": "the reduction is over a tensor that is not int32/int64 lengths",
+    "empty_lengths": "the lengths are empty, and eager raises at the max",
+    "escapes": "the value leaves the step (returned or stored on an object) and static_escapes is off",
+    "arithmetic": "the value is used in arithmetic that is not a bound",
+    "compared": "the value is compared, and the comparison must keep its meaning",
+    "subtracted": "the max minus a constant is no upper bound",
+    "not_a_consumer": "the value reaches an op with no facts for this rule",
+    "not_an_upper_bound": "the value is passed to an argument that is not an upper bound",
+    "no_lengths_fact": "the consumer has no lengths argument to tie the bound to",
+    "lengths_not_tensor": "the consumer's lengths are not an int32/int64 tensor of the graph",
+    "lengths_differ": "the consumer's lengths are not the values the max was taken over",
+    "lengths_exceed": "the consumer's lengths exceed what the bound covers",
+    "written": "something may write the lengths, the token table or the indices in between",
+    "page_count": "a page count that rounds the bound down, or is used as something else",
+    "not_a_table": "the sliced tensor or the indices are not a token table and its request indices",
+    "slice_step": "the page-table slice step is not a constant page size",
+    "table_size_read": "the page table's size is read",
+    "width_check": "the page table's width is checked by a check that must keep its meaning",
+    "strided_index": "the strided column index is used by something else",
+    "page_size": "page sizes disagree",
+    "table_argument": "the page table is passed as something other than the page-table argument",
+    "mismatch": "the lengths, the indices and the token table do not match in shape or device",
+    "table_cast": "the page table is cast in a way that changes values",
+    "table_use": "the page table reaches something that is not a self-guarding consumer",
+    "no_consumer": "the page table reaches no self-guarding consumer",
+    "output_changes": "the consumer's output would change shape or dtype with the static table",
+    "dynamic_width": "the token table's width is dynamic; a static width would specialize it",
+    "unbounded_operand": "the max is over a sum with an operand that has no declared bound",
+    "element_use": "an element of the list is used elsewhere, so its host read would stay",
+    "nothing_to_rewrite": "the max feeds no page table and no upper bound",
+    "metadata_use": "scheduler metadata from the max reaches something other than consumers of the same max",
+    "overlap": "two rewrites would edit the same nodes",
+    "still_in_graph": "the host read is still in the graph after the rewrite",
+    "host_copy_used": "the host copy is used (the caller or host code needs it)",
+    "mirror_upload": "a CPU mirror is copied to the device",
+    "graph_break": "Dynamo broke the graph at a host read",
+    "post_grad": "a host read found in the post-grad graph",
+}
+
+
+class Unsafe(Exception):
+    """A use that the safety rule does not allow: `code` (a key of REASONS) and the report's message."""
+
+    def __init__(self, code: str, message: str):
+        assert code in REASONS, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def describe_use(user: torch.fx.Node) -> str:
+    if user.op == "output":
+        return "the graph output (returned to the caller, or stored on an object such as self.forward_metadata)"
+    what = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", str(user.target))
+    return f"`{what}` at {node_location(user)}"
+
+
+def why_not(user: torch.fx.Node, what: str) -> Unsafe:
+    """The reason a use of the max (what="the max") or of its page table is not allowed."""
+    where = describe_use(user)
+    if user.op == "output":
+        return Unsafe("escapes", f"{what} reaches {where}; options['static_escapes'] would let it leave at the "
+                                 "static bound")
+    if user.op == "call_function" and user.target in ARITHMETIC:
+        return Unsafe("arithmetic", f"{what} is used in arithmetic that is not a bound ({where})")
+    if user.op == "call_function" and user.target in COMPARES:
+        return Unsafe("compared", f"{what} is compared ({where}), and the comparison must keep its value")
+    if user.op == "call_function" and isinstance(user.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return Unsafe("not_a_consumer", f"{what} reaches {where}, which is not a registered self-guarding consumer")
+    if what == "the max":
+        return Unsafe("not_a_consumer",
+                      f"{what} reaches {where}, neither a page-table bound nor an upper-bound argument")
+    return Unsafe("table_use", f"{what} reaches {where}, not a self-guarding consumer")
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthsRelation:
+    """lengths = (values the reduction was taken over) + offset, through `chain` (casts, constant adds)."""
+
+    lengths: torch.fx.Node  # the consumer's argument
+    root: torch.fx.Node  # what the chain strips down to: the reduction's source, or its mirror / twin
+    chain: tuple[torch.fx.Node, ...]
+    offset: int
+    via_mirror: bool  # root is the CPU mirror / device twin of the reduction's source, not the source
+
+
+class ProofContext:
+    """What all rules share while they prove plans on one untouched graph."""
+
+    def __init__(self, graph: torch.fx.Graph, mirrors: dict, options):
+        self.graph = graph
+        self.mirrors = mirrors  # CPU mirror placeholder -> its device twin (or None)
+        self.options = options
+        self.writes = WriteLog(graph)  # read once: the graph does not change while rules prove
+
+    def index(self, node) -> int:
+        return self.writes.order.get(node, -1)
+
+    def first(self, nodes):
+        return min(nodes, key=self.index)
+
+    def check_no_writes(self, end: torch.fx.Node, protected, what: str, start, disjoint: set) -> None:
+        """Nothing strictly between `start` (None: the graph's start) and `end` may write any of `protected`
+        or an alias of them. Graph inputs written in that window are added to `disjoint` as pairs with the
+        protected inputs: the proof assumes they never share memory, and the backend checks it per call."""
+        protected = [p for p in protected if isinstance(p, torch.fx.Node)]
+        start = start if start is not None else next(iter(self.graph.nodes))
+        writer = self.writes.first_write(protected, start, end)
+        if writer is not None:
+            raise Unsafe("written",
+                         f"{what} may be written in place by {describe_use(writer)} between the max and the consumer "
+                         f"at {node_location(end)}: the values would differ from what eager read")
+        inputs = {self.writes.input_of(p) for p in protected} - {None}
+        for written in self.writes.written_inputs(start, end):
+            disjoint |= {(p, written) for p in inputs if p is not written}
+
+    def relate_lengths(self, source: torch.fx.Node, lengths, who: str) -> LengthsRelation:
+        """How the consumer's `lengths` relate to the values `source` holds: the same values through value-keeping
+        casts (narrowing included: lengths are within the bound, which the device check verifies on the wide
+        values), constant adds, or the declared mirror pair. Unsafe otherwise. Writes are the caller's to check."""
+        if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
+            raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
+        source_root, _ = strip_kept_values(source, allow_moves=True, allow_narrowing=True)
+        node, k, chain = lengths, 0, []
+        while True:
+            root, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
+            chain += passed
+            add = constant_add(root)
+            if add is None:
+                break
+            chain.append(root)
+            node, step = add
+            k += step
+        via_mirror = False
+        if root is not source_root:
+            if self.mirrors.get(source_root) is root or self.mirrors.get(root) is source_root:
+                via_mirror = True  # the max over the CPU mirror, the lengths from its device twin (or back)
+            else:
+                raise Unsafe("lengths_differ",
+                             f"{who} ({lengths.name}) does not hold the values the max was taken over "
+                             f"({source.name}): the bound would not guard it")
+        return LengthsRelation(lengths, root, tuple(chain), k, via_mirror)
