@@ -45,6 +45,7 @@ REASONS: dict[str, str] = {
     "table_argument": "the page table is passed as something other than the page-table argument",
     "mismatch": "the lengths, the indices and the token table do not match in shape or device",
     "table_cast": "the page table is cast in a way that changes values",
+    "wide_table": "the consumer receives an int64 table, and the page-table op builds int32 (values would truncate)",
     "table_use": "the page table reaches something that is not a self-guarding consumer",
     "no_consumer": "the page table reaches no self-guarding consumer",
     "output_changes": "the consumer's output would change shape or dtype with the static table",

@@ -441,6 +441,9 @@ class _Walk:
                                          f"table on {tv.device}")
             self.ctx.check_no_writes(consumer_node, [table, rpi], "the token table or the request indices",
                                      window_start, self.disjoint)
+            if dtype_of(via) != torch.int32:
+                raise Unsafe("wide_table", f"{entry.name} receives an {dtype_of(via)} page table; the page-table op "
+                                           "builds int32, which would truncate values of 2**31 and more")
             self.check_outputs_keep(consumer_node, entry, via, max_pages)
             groups.setdefault(lengths, []).append((consumer_node, entry, via))
             offsets[lengths] = k
@@ -703,15 +706,8 @@ class PageTableMax:
                                     (gather.req_to_token, rows, lengths, page_size, gather.max_pages, False),
                                     gather.chain[0])
                 tables.setdefault(gather.terminal, table)
-                cast_to: dict = {}
-                for consumer, entry, via in group.consumers:
-                    given = table
-                    if dtype_of(via) != torch.int32:  # the consumer gets the dtype eager gave it
-                        if via not in cast_to:
-                            cast_to[via] = insert_call(graph, first, torch.ops.aten._to_copy.default, (table,), via,
-                                                       dtype=dtype_of(via))
-                        given = cast_to[via]
-                    _set_argument(consumer, entry.page_table, given)
+                for consumer, entry, via in group.consumers:  # each received int32 in eager too (proven)
+                    _set_argument(consumer, entry.page_table, table)
                 checks.setdefault((lengths_of.get((first, group.lengths), group.lengths),
                                    plan.bound + group.length_offset), first)
             dead += list(gather.bookkeeping) + list(gather.chain)
