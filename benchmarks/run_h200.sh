@@ -8,7 +8,11 @@
 #   tune       benchmarks/tune.py: the paged_decode launch sweep at small batch, against the kernel of
 #              $OLD_KERNEL (default oldk/old_paged_decode_kernel.py, `git show 0d72b29:kernels/paged_decode_kernel.py`)
 #              when present; the best configuration goes to /root/tuning.json
-#   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_tp.py; the 2-GPU test skips on one GPU)
+#   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_gpu_page_table.py tests/test_tp.py; the
+#              2-GPU test skips on one GPU)
+#   memcheck   compute-sanitizer --tool memcheck on benchmarks/memcheck_page_table.py (the page-table ops on
+#              strided, expanded, negative, out-of-range and past-bound inputs), with the caching allocator off
+#              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
 #   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
@@ -60,9 +64,20 @@ for stage in "$@"; do
       ;;
     tests)
       timeout "${TESTS_LIMIT:-300}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
-        tests/test_tp.py > "$OUT/gpu_tests.log" 2>&1
+        tests/test_gpu_page_table.py tests/test_tp.py > "$OUT/gpu_tests.log" 2>&1
       echo "gpu tests rc=$?" >> "$OUT/gpu_tests.log"
       grep -E "passed|failed|rc=|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tail -n 8
+      ;;
+    memcheck)
+      sanitizer=$(command -v compute-sanitizer || find /usr/local /opt "$(python -c 'import site; print(site.getsitepackages()[0])')" \
+        -name compute-sanitizer -type f -perm -u+x 2>/dev/null | head -n 1)
+      if [ -z "$sanitizer" ]; then
+        echo "memcheck: compute-sanitizer not found" | tee "$OUT/memcheck.log"
+      else
+        (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_LIMIT:-420}" "$sanitizer" --tool memcheck \
+          python memcheck_page_table.py > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?" >> "$OUT/memcheck.log")
+        grep -E "ERROR SUMMARY|^memcheck_page_table:|^DIFFERS|rc=" "$OUT/memcheck.log" | tail -n 8
+      fi
       ;;
     loop)
       # shellcheck disable=SC2086

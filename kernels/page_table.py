@@ -2,8 +2,15 @@
 
 The functional op returns int32 [B, max_pages]; the in-place op writes rows [0, B) of an int32 [>= B, W]
 buffer and nothing else (the sentinel invariant). Both are bounded per row by `seq_lens` and never read or
-write out of bounds, whatever the lengths. With `checked=True`, a length past the static bound trips a
-device-side assertion (`torch._assert_async`): no host sync either way.
+write out of bounds, whatever the lengths and the request indices.
+
+Indexing is eager's: every tensor may have any strides (a column of a metadata matrix, an expanded or a sliced
+tensor is read in place), and a request index idx with -R <= idx < 0 (R = req_to_token.size(0)) reads row
+idx + R. An index outside [-R, R) makes eager raise IndexError; here its row reads nothing and writes nothing
+(n_b is taken as 0): page_table leaves that row's columns unspecified, page_table_ leaves the buffer row as it
+was. With `checked=True`, device-side assertions (`torch._assert_async`) fire on a length past the static
+bound and on any request index outside [-R, R) (any row, as eager checks every index): no host sync either
+way. On CPU such an assertion raises RuntimeError at once; on CUDA it is a device-side assert.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ def _launch(out, req_to_token, req_pool_indices, seq_lens, page_size):
     page_table_kernel[(batch, per_row)](
         out, out.stride(0), out.stride(1),
         req_to_token, req_to_token.stride(0), req_to_token.stride(1),
-        req_pool_indices, seq_lens,
-        req_to_token.shape[1], page_size, width,
+        req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0),
+        req_to_token.shape[0], req_to_token.shape[1], page_size, width,
         BLOCK=block, num_warps=TUNING["num_warps"],
     )
 
@@ -43,16 +50,27 @@ def live_pages(seq_lens: torch.Tensor, page_size: int, width: int, num_tokens: i
     return n.clamp(max=min(width, cdiv(num_tokens, page_size)))
 
 
+def wrapped_requests(req_pool_indices: torch.Tensor, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, in_range): the req_to_token row each index reads as eager indexing reads it (idx + R for
+    -R <= idx < 0), and whether it names a row at all (eager raises IndexError where it does not)."""
+    idx = req_pool_indices.to(torch.int64)
+    rows = torch.where(idx < 0, idx + num_reqs, idx)
+    in_range = (rows >= 0) & (rows < num_reqs)
+    return rows, in_range
+
+
 def _fill_torch(out, req_to_token, req_pool_indices, seq_lens, page_size):
     """The same semantics with vectorized torch ops (CPU without the Triton interpreter)."""
     batch, width = out.shape[0], out.shape[1]
-    if batch == 0 or width == 0:
-        return
-    n = live_pages(seq_lens, page_size, width, req_to_token.shape[1])
+    num_reqs, num_tokens = req_to_token.shape
+    if batch == 0 or width == 0 or num_reqs == 0 or num_tokens == 0:
+        return  # no row has a live column (n_b = 0, or no index is in range)
+    rows, in_range = wrapped_requests(req_pool_indices, num_reqs)
+    n = torch.where(in_range, live_pages(seq_lens, page_size, width, num_tokens), 0)
     cols = torch.arange(width, device=out.device)
     live = cols[None, :] < n[:, None]
-    # Dead cells gather from a safe address; padded rows may hold any request index, so clamp it too.
-    rows = torch.where(n > 0, req_pool_indices.to(torch.int64), 0)
+    # Dead cells gather from a safe address (row 0, token 0): out-of-range and padded rows never index.
+    rows = torch.where(n > 0, rows, 0)
     tok_idx = torch.where(live, cols[None, :] * page_size, 0)
     tokens = req_to_token[rows[:, None], tok_idx].to(torch.int64)
     pages = torch.div(tokens, page_size, rounding_mode="floor").to(torch.int32)
@@ -74,6 +92,20 @@ def _assert_within(seq_lens: torch.Tensor, capacity: int) -> None:
     )
 
 
+def _assert_requests_in_range(req_pool_indices: torch.Tensor, num_reqs: int) -> None:
+    # Every index, whatever its row's length: eager indexing checks them all. Device-side, no host sync.
+    _, in_range = wrapped_requests(req_pool_indices, num_reqs)
+    torch._assert_async(
+        torch.all(in_range),
+        "syncfree: a request index (req_pool_indices) is out of range for req_to_token's rows",
+    )
+
+
+def _check_run(req_to_token, req_pool_indices, seq_lens, capacity: int) -> None:
+    _assert_requests_in_range(req_pool_indices, req_to_token.shape[0])
+    _assert_within(seq_lens, capacity)
+
+
 @torch.library.custom_op("syncfree::page_table", mutates_args=())
 def page_table(
     req_to_token: torch.Tensor,
@@ -83,6 +115,12 @@ def page_table(
     max_pages: int,
     checked: bool = False,
 ) -> torch.Tensor:
+    """int32 [B, max_pages]: row b, column j < n_b holds req_to_token[req_pool_indices[b], j * page_size] //
+    page_size, n_b = min(ceil(max(seq_lens[b], 0) / page_size), max_pages, ceil(req_to_token.size(1) / page_size)).
+    Columns >= n_b are unspecified. Any strides; a negative index idx >= -R reads row idx + R as eager does. A
+    row whose index is outside [-R, R) reads nothing and its columns are unspecified (eager would raise
+    IndexError); `checked=True` asserts on the device that every index is in range and every length within
+    max_pages * page_size."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, page_size)
     check_positive_int("max_pages", max_pages)
     # Columns past n_b are unspecified: nothing pays for filling them.
@@ -91,7 +129,7 @@ def page_table(
         out.zero_()  # keep CPU results deterministic; the torch path writes with torch.where
     _fill(out, req_to_token, req_pool_indices, seq_lens, page_size)
     if checked:
-        _assert_within(seq_lens, max_pages * page_size)
+        _check_run(req_to_token, req_pool_indices, seq_lens, max_pages * page_size)
     return out
 
 
@@ -127,11 +165,15 @@ def page_table_(
     page_size: int,
     checked: bool = False,
 ) -> None:
+    """page_table, written in place into rows [0, B) of an int32 [>= B, W] buffer, n_b clamped to W; nothing
+    else in the buffer is written (the sentinel invariant). A row whose index is outside [-R, R) reads and
+    writes nothing (the buffer row keeps its contents). `checked=True` asserts as page_table does, with the
+    bound W * page_size."""
     _check_buffer(page_table, req_to_token, req_pool_indices, seq_lens, page_size)
     rows = page_table[: req_pool_indices.shape[0]]
     _fill(rows, req_to_token, req_pool_indices, seq_lens, page_size)
     if checked:
-        _assert_within(seq_lens, page_table.shape[1] * page_size)
+        _check_run(req_to_token, req_pool_indices, seq_lens, page_table.shape[1] * page_size)
 
 
 @page_table_.register_fake
@@ -139,4 +181,4 @@ def _page_table__fake(page_table, req_to_token, req_pool_indices, seq_lens, page
     _check_buffer(page_table, req_to_token, req_pool_indices, seq_lens, page_size)
 
 
-__all__ = ["page_table", "page_table_", "live_pages"]
+__all__ = ["page_table", "page_table_", "live_pages", "wrapped_requests"]
