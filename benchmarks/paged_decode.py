@@ -1,6 +1,15 @@
 """Benchmark: syncfree.paged_decode against FA4 (when importable) and a torch gather + SDPA baseline (H200).
 
     python benchmarks/paged_decode.py [--json out.json] [--no-fa4]
+    python benchmarks/paged_decode.py --compare [--sweep-short] [--json out.json]
+
+--compare (issue 22, the short path): checks the short path on the GPU first (against a float32 torch reference
+and the split path, ragged and poisoned-free random rows, Sq 1 and 4, page sizes 1, 3 and 16, and CUDA-graph
+replays with new lengths each time: the ticket counters must be back at 0 after every call), then with
+--sweep-short times the short path's launch values at B=1 4K/8K and B=4 8K, then the table: B=1 4K/8K/32K,
+B=4 8K, B=64 4K/32K at page sizes 16 and 1, each through the split path (today's code: split + combine, or
+direct), the short path (forced, committed SHORT_TUNING), the short path with the sweep's best values, and the
+path `auto` picks (what ships), all cold-L2 CUDA-graph medians as below.
 
 bf16, Hq=32, Hkv=8, D=128, Sq=1, full-length rows; B 1 and 4 at contexts 4K, 8K, 32K and 128K, B 8 and 64 at
 4K and 32K; page_size 1 and 16. The floor is the K and V bytes of the live keys, read once, over the device
@@ -14,6 +23,7 @@ fa4_timing says which); paged_decode's eager latency (Python dispatch included) 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 import torch.nn.functional as F
@@ -63,15 +73,192 @@ SHAPES = ([(b, ctx) for b in (1, 4) for ctx in (4096, 8192, 32768, 131072)]
           + [(b, ctx) for b in (8, 64) for ctx in (4096, 32768)])
 
 
+COMPARE_SHAPES = [(1, 4096), (1, 8192), (1, 32768), (4, 8192), (64, 4096), (64, 32768)]
+SWEEP_SHAPES = [(1, 4096), (1, 8192), (4, 8192)]
+SHORT_KNOBS = ("block_n", "min_blocks_per_split", "programs_per_sm", "num_warps", "num_stages")
+SHORT_GRID = [dict(zip(SHORT_KNOBS, values)) for values in
+              [(n, m, p, w, s) for n in (32, 64, 128) for m in (1, 2) for p in (4, 8) for w in (4, 8) for s in (2,)]
+              + [(64, 2, 8, 4, 1), (128, 1, 4, 8, 1), (64, 1, 8, 4, 3), (128, 1, 2, 8, 2), (16, 2, 8, 4, 2)]]
+
+
+def with_path(path, tuning=None):
+    """A context: SHORT_TUNING's path (and launch values) set for the calls inside."""
+    import contextlib
+
+    from compile_pass.kernels import paged_decode as pd
+
+    @contextlib.contextmanager
+    def ctx():
+        saved = dict(pd.SHORT_TUNING)
+        pd.SHORT_TUNING.update(tuning or {})
+        pd.SHORT_TUNING["path"] = path
+        try:
+            yield
+        finally:
+            pd.SHORT_TUNING.clear()
+            pd.SHORT_TUNING.update(saved)
+    return ctx()
+
+
+def ragged_case(batch, sq, ps, lengths, width, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = batch * width + 3
+    q = torch.randn(batch, sq, HQ, D, generator=gen).to(dtype).cuda()
+    k = torch.randn(num_pages, ps, HKV, D, generator=gen).to(dtype).cuda()
+    v = torch.randn(num_pages, ps, HKV, D, generator=gen).to(dtype).cuda()
+    table = torch.randperm(num_pages, generator=gen)[: batch * width].view(batch, width).to(torch.int32).cuda()
+    return q, k, v, table, torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+
+def check_short_path():
+    """The short path on the GPU: against a float32 torch reference and the split path, then CUDA-graph replays
+    with new lengths (the counters reset). Returns the rows; raises on a mismatch (the table is not worth
+    reading then)."""
+    from compile_pass.kernels import paged_decode as pd
+
+    rows = []
+    for batch, sq, ps, dtype in [(1, 1, 16, torch.bfloat16), (4, 1, 1, torch.bfloat16), (3, 4, 3, torch.bfloat16),
+                                 (2, 4, 16, torch.float32), (8, 1, 16, torch.float16)]:
+        width = -(-9000 // ps)
+        lengths = [(4099 * (b + 1) + 17 * b) % 9000 for b in range(batch)]
+        lengths[0] = 8192 if batch > 1 else 8191
+        if batch > 2:
+            lengths[1] = 0
+        q, k, v, table, lens = ragged_case(batch, sq, ps, lengths, width, dtype, seed=batch * 10 + sq)
+        ref = pd._attend_torch(q.float(), k.float(), v.float(), table, lens, 1 / D ** 0.5)
+        with with_path("split"):
+            split = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
+        with with_path("short"):
+            short = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
+        splits = pd.short_splits_for(batch, HKV, width * ps, pd.sm_count(q))
+        err = (short.float() - ref).abs().max().item()
+        row = dict(B=batch, sq=sq, ps=ps, dtype=str(dtype), splits=splits, short_vs_ref=err,
+                   split_vs_ref=(split.float() - ref).abs().max().item(),
+                   short_vs_split=(short.float() - split.float()).abs().max().item())
+        rows.append(row)
+        print("check", row, flush=True)
+        tol = 1e-4 if dtype == torch.float32 else (3e-3 if dtype == torch.float16 else 2e-2)
+        assert torch.isfinite(short).all() and err <= tol, row
+    # CUDA-graph replays: the counters go back to 0 after each replay, whatever the lengths.
+    q, k, v, table, lens = ragged_case(4, 1, 16, [8192, 5000, 1, 0], 512, seed=3)
+    with with_path("short"):
+        torch.ops.syncfree.paged_decode(q, k, v, table, lens)  # warm up: compile, counters made outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch.ops.syncfree.paged_decode(q, k, v, table, lens)
+        for i, new in enumerate([[8192, 5000, 1, 0], [17, 8000, 0, 4096], [1, 2, 3, 8192]] * 2):
+            lens.copy_(torch.tensor(new, dtype=torch.int32))
+            graph.replay()
+            ref = pd._attend_torch(q.float(), k.float(), v.float(), table, lens, 1 / D ** 0.5)
+            err = (out.float() - ref).abs().max().item()
+            assert err <= 2e-2, (i, new, err)
+        assert (pd._COUNTERS[q.device] == 0).all(), "ticket counters not reset"
+    rows.append(dict(graph_replays=6, ok=True))
+    print("check: CUDA-graph replays with new lengths match, counters back at 0", flush=True)
+    return rows
+
+
+def path_us(batch, ctx, ps, path, tuning=None, rep=100):
+    nbytes = kv_bytes(batch, ctx)
+    cases = {}
+
+    def make(i):
+        cases[i] = case(batch, ctx, ps)
+        return lambda: torch.ops.syncfree.paged_decode(*cases[i])
+    try:
+        with with_path(path, tuning):
+            return rotating_graph_us(make, nbytes, rep=rep)
+    except Exception as e:  # e.g. out of shared memory for a swept shape
+        print("failed", batch, ctx, ps, path, tuning, type(e).__name__, str(e)[:160], flush=True)
+        torch.cuda.synchronize()
+        return float("inf")
+    finally:
+        cases.clear()
+        torch.cuda.empty_cache()
+
+
+def sweep_short(copy, results):
+    import math
+
+    for batch, ctx in SWEEP_SHAPES:
+        for ps in (1, 16):
+            floor = kv_bytes(batch, ctx) / (copy * 1e12) * 1e6
+            for config in SHORT_GRID:
+                us = path_us(batch, ctx, ps, "short", config, rep=20)  # 20 ms of replays, as tune.py
+                results.append(dict(B=batch, ctx=ctx, page_size=ps, **config, us=us, share_of_floor=floor / us))
+            best = sorted((r for r in results if (r["B"], r["ctx"], r["page_size"]) == (batch, ctx, ps)),
+                          key=lambda r: r["us"])[:3]
+            print("sweep", batch, ctx, ps, "floor", round(floor, 2), "best",
+                  [(tuple(r[k] for k in SHORT_KNOBS), round(r["us"], 2)) for r in best], flush=True)
+    best_of = {}
+    for r in results:
+        key = (r["B"], r["ctx"], r["page_size"])
+        best_of[key] = min(best_of.get(key, float("inf")), r["us"])
+    score = {}
+    for r in results:
+        key = tuple(r[k] for k in SHORT_KNOBS)
+        score.setdefault(key, []).append(math.log(r["us"] / best_of[(r["B"], r["ctx"], r["page_size"])]))
+    ranked = sorted(score, key=lambda key: sum(score[key]) / len(score[key]))
+    top = [dict(zip(SHORT_KNOBS, key), mean_slowdown=math.exp(sum(score[key]) / len(score[key])))
+           for key in ranked[:6]]
+    print("ranked", top, flush=True)
+    return dict(zip(SHORT_KNOBS, ranked[0])), top
+
+
+def device_sms():
+    from compile_pass.kernels import paged_decode as pd
+
+    return pd.sm_count(torch.empty(0, device="cuda"))
+
+
+def compare(args, copy):
+    from compile_pass.kernels import paged_decode as pd
+
+    out = dict(env=environment(), copy_tbs=copy, short_tuning=dict(pd.SHORT_TUNING))
+    out["check"] = check_short_path()
+    write_json(args.json, out)
+    best = None
+    if args.sweep_short:
+        out["sweep"] = []
+        best, out["ranked"] = sweep_short(copy, out["sweep"])
+        out["sweep_best"] = best
+        write_json(args.json, out)
+    cols = [("split", "split", None), ("short", "short", None)] + ([("short_best", "short", best)] if best else []) \
+        + [("auto", "auto", None)]
+    print(f"{'B':>3} {'ctx':>6} {'ps':>3} | {'floor':>6} | " + " | ".join(f"{n:>10} {'%fl':>4}" for n, _, _ in cols)
+          + " | auto takes | auto/split")
+    out["rows"] = []
+    for batch, ctx in COMPARE_SHAPES:
+        for ps in (16, 1):
+            floor = kv_bytes(batch, ctx) / (copy * 1e12) * 1e6
+            row = dict(B=batch, ctx=ctx, page_size=ps, kv_bytes=kv_bytes(batch, ctx), floor_us=floor)
+            for name, path, tuning in cols:
+                row[f"{name}_us"] = path_us(batch, ctx, ps, path, tuning)
+                row[f"{name}_share_of_floor"] = floor / row[f"{name}_us"]
+            row["auto_takes"] = "short" if pd.use_short_path(batch, HKV, ctx, device_sms()) else "split"
+            out["rows"].append(row)
+            print(f"{batch:>3} {ctx:>6} {ps:>3} | {floor:6.2f} | "
+                  + " | ".join(f"{row[f'{n}_us']:10.2f} {100 * floor / row[f'{n}_us']:3.0f}%" for n, _, _ in cols)
+                  + f" | {row['auto_takes']:>10} | {row['auto_us'] / row['split_us']:.3f}", flush=True)
+            write_json(args.json, out)
+    print("JSON", json.dumps(out["rows"] + ([dict(sweep_best=best)] if best else [])))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--no-fa4", action="store_true", help="leave FA4 out even where it is importable")
     parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
+    parser.add_argument("--compare", action="store_true", help="the short path against the split path (issue 22)")
+    parser.add_argument("--sweep-short", action="store_true", help="with --compare: sweep the short path's values")
     args = parser.parse_args()
     apply_tuning(args.tuning)
     require_cuda()
     copy = copy_bandwidth_tbs()
+    if args.compare:
+        print(f"device copy: {copy:.2f} TB/s")
+        return compare(args, copy)
     fa = None if args.no_fa4 else fa4()
     print(f"device copy: {copy:.2f} TB/s; FA4: {'yes' if fa else 'no'}")
     print(f"{'B':>3} {'ctx':>6} {'ps':>3} | {'floor':>6} {'ours us':>8} {'%floor':>6} {'eager':>7} | {'FA4 us':>8} | "

@@ -5,6 +5,9 @@ Row b attends keys t < L_b = cache_seqlens[b]; key t is slot t % page_size of pa
 Query i sits at position L_b - Sq + i and sees keys up to that position. Output [B, Sq, Hq, D] in q's dtype.
 This is a self-guarding consumer: page-table columns and pages past a row's length are never read, so the
 compile pass may hand it a static-width page table whose tail holds anything (SELF_GUARDING below).
+Two launches: large batches (and long tables) run paged_decode_kernel.py (one split writes the output; several
+are merged by a combine kernel); a small batch over a short table runs paged_decode_short_kernel.py, split-KV
+with the merge inside the same kernel (SHORT_TUNING, use_short_path).
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 # per split lost 13% at B=1 and 8K.
 TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per_split": 2,
           "split_below_rows_per_sm": 2, "num_warps": 4, "num_stages": 2, "combine_block_s": 64, "combine_warps": 4}
+
+# The short path (kernels/paged_decode_short_kernel.py): split-KV with the combine inside the one kernel (the last
+# split of each (row, KV head) to finish merges the partials), for batches that split (fewer than
+# TUNING["split_below_rows_per_sm"] (row, KV head) programs per SM) over a table of at most `max_keys` keys
+# (width x page_size, a static shape: under the compile pass the table is max_context_len wide). `path`: "auto"
+# (by shape, as just said), "short" or "split" (forced, for tests and benchmarks). The split count follows
+# num_splits_for's rule with this dict's values. Large batches never take it: their launch is the code above.
+# TUNING: not yet measured on a GPU (issue 22); the values start from the split path's and
+# benchmarks/paged_decode.py --compare --sweep-short sweeps them.
+SHORT_TUNING = {"path": "auto", "max_keys": 16384, "block_n": 64, "programs_per_sm": 8, "max_splits": 64,
+                "min_blocks_per_split": 2, "num_warps": 4, "num_stages": 2, "block_s": 64}
 
 
 def _next_pow2(x: int) -> int:
@@ -85,6 +99,73 @@ def num_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
     want = math.ceil(TUNING["programs_per_sm"] * sms / max(1, rows))  # programs_per_sm may be fractional
     most = max(1, cdiv(max_keys, TUNING["block_n"] * TUNING["min_blocks_per_split"]))
     return max(1, min(want, most, TUNING["max_splits"]))
+
+
+def short_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
+    """The short path's split count: num_splits_for's rule with SHORT_TUNING's values (1 when sms is 0)."""
+    rows = batch * kv_heads
+    want = math.ceil(SHORT_TUNING["programs_per_sm"] * max(0, sms) / max(1, rows))
+    most = max(1, cdiv(max_keys, SHORT_TUNING["block_n"] * SHORT_TUNING["min_blocks_per_split"]))
+    return max(1, min(want, most, SHORT_TUNING["max_splits"]))
+
+
+def use_short_path(batch: int, kv_heads: int, max_keys: int, sms: int) -> bool:
+    """Static shapes only: the short path for a batch that splits its keys, over a table of <= max_keys keys."""
+    path = SHORT_TUNING["path"]
+    if path in ("short", "split"):
+        return path == "short"
+    return (sms > 0 and max_keys <= SHORT_TUNING["max_keys"]
+            and batch * kv_heads < TUNING["split_below_rows_per_sm"] * sms)
+
+
+# Ticket counters of the short path, one int32 per (row, KV head), zero between calls (the merging program of
+# each (row, KV head) sets its counter back to 0). One buffer per device, made outside CUDA-graph capture and
+# kept for good (a captured graph addresses it); a bigger one replaces it when a call needs more, the old one is
+# kept alive for graphs that still use it. Calls on one device share it: two short-path calls running at the same
+# time on two streams of one device would mix their tickets (a decode step runs its layers in one stream).
+_COUNTERS: dict = {}
+_RETIRED: list = []
+
+
+def _ticket_counters(device: torch.device, n: int) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Made under capture, its zeroing runs only when the graph replays: it serves this one call alone.
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if buf is not None:
+        _RETIRED.append(buf)
+    buf = torch.zeros(max(n, 1024, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.int32, device=device)
+    _COUNTERS[device] = buf
+    return buf
+
+
+def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
+    from .paged_decode_short_kernel import paged_decode_short_kernel
+
+    batch, sq, hq, dim = q.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    width = page_table.shape[1]
+    block_m = max(MIN_BLOCK_M, _next_pow2(sq * group))
+    block_d = max(16, _next_pow2(dim))
+    splits = short_splits_for(batch, hkv, width * page_size, sm_count(q))
+    acc = torch.empty((batch, hkv, splits, block_m, block_d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((batch, hkv, splits, 2, block_m), dtype=torch.float32, device=q.device)
+    counters = _ticket_counters(q.device, batch * hkv)
+    paged_decode_short_kernel[(batch, hkv, splits)](
+        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, counters, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0), page_table.stride(1),
+        width, page_size, scale, sq, splits,
+        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=SHORT_TUNING["block_n"], BLOCK_D=block_d,
+        BLOCK_S=min(SHORT_TUNING["block_s"], _next_pow2(splits)), IEEE=q.dtype == torch.float32,
+        num_warps=SHORT_TUNING["num_warps"], num_stages=SHORT_TUNING["num_stages"],
+    )
 
 
 def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
@@ -167,7 +248,10 @@ def paged_decode(
         return torch.empty_like(q)
     if use_triton(q):
         out = torch.empty_like(q)
-        _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out)
+        if use_short_path(q.shape[0], k_cache.shape[2], page_table.shape[1] * k_cache.shape[1], sm_count(q)):
+            _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out)
+        else:
+            _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out)
         return out
     # Same layout as the fake implementation (empty_like(q)), whatever the einsum produced.
     return torch.empty_like(q).copy_(_attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale))

@@ -141,3 +141,80 @@ def test_split_keys_and_combine_against_float64(monkeypatch, sms, sq):
     splits = pd.num_splits_for(4, 2, case[3].shape[1] * 4, sms)
     assert splits == {0: 1, 1: 1, 5: 5, 12: 12}[sms], splits  # 8 (row, head) programs fill 1 SM (2 per SM) but not 5
     check(case, atol=1e-5)
+
+
+def _force_short(monkeypatch, sms, block_n=16, min_blocks=1, block_s=4):
+    """The short path (one kernel, the combine inside) on a device of `sms` SMs, with small blocks so that the
+    interpreter's small shapes still split into several key blocks and chunks of splits."""
+    if not interpreting():
+        pytest.skip("the Triton kernels run here only under TRITON_INTERPRET=1 (test_triton_interpreter runs it)")
+    import compile_pass.kernels.paged_decode as pd
+
+    monkeypatch.setattr(pd, "sm_count", lambda t: sms)
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "short")
+    monkeypatch.setitem(pd.SHORT_TUNING, "block_n", block_n)
+    monkeypatch.setitem(pd.SHORT_TUNING, "programs_per_sm", 8)
+    monkeypatch.setitem(pd.SHORT_TUNING, "min_blocks_per_split", min_blocks)
+    monkeypatch.setitem(pd.SHORT_TUNING, "block_s", block_s)
+    return pd
+
+
+@pytest.mark.parametrize("sms", [0, 1, 5, 12])
+@pytest.mark.parametrize("sq", [1, 3])
+def test_short_path_against_float64(monkeypatch, sms, sq):
+    # Rows of 0 keys, of fewer keys than a split, splits with no key at all and a split count that is not a
+    # multiple of the combine's chunk of splits (block_s 4): the in-kernel combine must give the reference.
+    pd = _force_short(monkeypatch, sms)
+    lengths = [0, 2, 45, 300]
+    case = make_case(4, sq, 8, 2, 16, 4, lengths, seed=100 + sms + sq)
+    splits = pd.short_splits_for(4, 2, case[3].shape[1] * 4, sms)
+    assert splits == {0: 1, 1: 1, 5: 5, 12: 12}[sms], splits
+    check(case, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16, 64])
+@pytest.mark.parametrize("sq", [1, 2, 4])
+def test_short_path_page_sizes_and_target_verify(monkeypatch, page_size, sq):
+    _force_short(monkeypatch, 6)
+    case = make_case(3, sq, 4, 2, 16, page_size, [1, 20, 137], seed=7 * page_size + sq)
+    check(case, atol=1e-5)
+
+
+@pytest.mark.parametrize("group,hkv", [(1, 3), (4, 2), (8, 1)])
+def test_short_path_gqa_groups(monkeypatch, group, hkv):
+    _force_short(monkeypatch, 3, block_n=32, min_blocks=2)
+    check(make_case(2, 2, group * hkv, hkv, 24, 5, [77, 130], seed=group), atol=1e-5)
+
+
+def test_short_path_lengths_past_the_table_and_counters_reset(monkeypatch):
+    # Lengths beyond what the table addresses are clamped to it (nothing past the table is read); negative ones
+    # are 0. Two calls in a row with different split counts: the ticket counters are back at 0 after each.
+    pd = _force_short(monkeypatch, 4)
+    q, k, v, table, _ = make_case(3, 1, 4, 2, 16, 16, [64, 64, 64], seed=11, width=4, poison=False)
+    out = torch.ops.syncfree.paged_decode(q, k, v, table, torch.tensor([10**6, -3, 64], dtype=torch.int32))
+    ref = attention_f64(q, k, v, table, torch.tensor([64, 0, 64], dtype=torch.int32), None)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    assert (pd._COUNTERS[q.device][:6] == 0).all()
+    monkeypatch.setattr(pd, "sm_count", lambda t: 9)
+    check(make_case(2, 3, 8, 4, 8, 2, [33, 9], seed=12), atol=1e-5)
+    assert (pd._COUNTERS[q.device] == 0).all()
+
+
+def test_short_path_half_precision(monkeypatch):
+    _force_short(monkeypatch, 5)
+    check(make_case(2, 2, 8, 2, 32, 4, [7, 90], dtype=torch.float16, seed=5), atol=2e-3)
+
+
+def test_short_path_selected_by_shape(monkeypatch):
+    import compile_pass.kernels.paged_decode as pd
+
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "auto")
+    sms = 132
+    assert pd.use_short_path(1, 8, 8192, sms) and pd.use_short_path(4, 8, 8192, sms)
+    assert not pd.use_short_path(64, 8, 4096, sms)  # B x Hkv fills the device: the direct path, unchanged
+    assert not pd.use_short_path(1, 8, pd.SHORT_TUNING["max_keys"] + 1, sms)  # long tables: split + combine
+    assert not pd.use_short_path(1, 8, 4096, 0)  # the interpreter / CPU: only when forced
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "short")
+    assert pd.use_short_path(64, 8, 4096, sms)
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "split")
+    assert not pd.use_short_path(1, 8, 4096, sms)
