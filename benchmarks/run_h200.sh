@@ -14,6 +14,8 @@
 #              strided, expanded, negative, out-of-range and past-bound inputs), with the caching allocator off
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
+#   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
+#   pagetable-tests  pytest -m gpu tests/test_gpu_page_table.py (the page-table op against eager indexing on CUDA)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
 #   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
 #   tp         on 2 GPUs: the TP tests, decode_step_tp.py at TP=2 ($TP_ARGS) and the TP=1 baseline
@@ -83,6 +85,17 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       TAIL=30 bench "${LOOP_LIMIT:-540}" decode_loop decode_loop.py ${LOOP_ARGS:-} "${TUNING_ARG[@]}" \
         --json "$OUT/decode_loop.json"
+      ;;
+    short)
+      # paged_decode's short-context path against the split path (and a launch sweep of it): table + JSON
+      TAIL=45 bench "${SHORT_LIMIT:-330}" paged_decode_short paged_decode.py --compare --sweep-short \
+        --json "$OUT/paged_decode_short.json"
+      ;;
+    pagetable-tests)
+      timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu_page_table.py \
+        > "$OUT/gpu_page_table_tests.log" 2>&1
+      echo "page-table gpu tests rc=$?" >> "$OUT/gpu_page_table_tests.log"
+      grep -E "passed|failed|rc=|^FAILED|^ERROR" "$OUT/gpu_page_table_tests.log" | tail -n 8
       ;;
     kernels)
       bench "${TABLE_LIMIT:-90}" page_table page_table.py --json "$OUT/page_table.json"
