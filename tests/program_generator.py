@@ -521,8 +521,11 @@ def generated_programs() -> list[Program]:
             must_keep=must_keep(role_of(target), position), vectors=length_vectors(3, n), seed=n))
     for variant in METADATA_VARIANTS + ("out_of_range_rpi",):  # no edit: the safe step on that metadata
         n += 1
+        vectors = length_vectors(4, n)
+        if variant == "out_of_range_rpi":  # the bad index on a row of length 0: eager's gather still raises
+            vectors = [[3, TOP, 0], [5, 9, 0], [3, TOP, 5]]
         _add(programs, seen, Program(name=f"no edit | {variant}", category=f"metadata/{variant}",
-                                     source=step_source(ps=1), variant=variant, vectors=length_vectors(4, n), seed=n))
+                                     source=step_source(ps=1), variant=variant, vectors=vectors, seed=n))
     # 3. cast chains, alone and with a write to the lengths or the table
     for name, max_of, consumer_lens, table, variant in CAST_CHAINS:
         vectors = WRAP_VECTORS + length_vectors(2, n) if "narrowing" in name else length_vectors(3, n)

@@ -252,8 +252,8 @@ def _e2e_programs() -> tuple[list, dict]:
     def accepted(template):
         return lambda t: template.format(t=t) if pg.eager_accepts(template.format(t=t)) else None
 
-    for j, (name, template) in enumerate(pg.dunder_edits()):
-        place(j, f"dunder {name}", "dunder", accepted(template), 1)
+    for j, (name, template) in enumerate(pg.dunder_edits()):  # dunder k's three spellings: roles k, k+1, k+2
+        place(j + j // 3, f"dunder {name}", "dunder", accepted(template), 1)
     for j, (name, template) in enumerate(pg.NUMPY_EDITS):
         place(j, name, "numpy", accepted(template), 2)
     for j, (name, template) in enumerate(pg.MISC_EDITS):
