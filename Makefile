@@ -21,7 +21,7 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export TMPDIR ?= $(CURDIR)/.cache/tmp
 export TRITON_CACHE_DIR ?= $(CURDIR)/.cache/triton
 
-.PHONY: test demo install gpu-test wheel clean
+.PHONY: test demo install sglang-deps gpu-test wheel clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@mkdir -p $(TMPDIR)
@@ -40,7 +40,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+# tests/sglang runs SGLang's own attention backends on CPU: SGLang 0.5.23 and the small packages it imports, each
+# pinned, all --no-deps (nothing pulls torch or CUDA builds); the native kernels are CPU stand-ins in the tests.
+SGLANG_REQUIREMENTS := tests/sglang/requirements.txt
+$(VENV)/.sglang-installed: $(VENV)/.installed $(SGLANG_REQUIREMENTS)
+	@echo "==> installing SGLang 0.5.23 and what its attention backends import, --no-deps ($(SGLANG_REQUIREMENTS))"
+	@$(PY) -m pip install $(PIP_QUIET) --no-deps --no-compile -r $(SGLANG_REQUIREMENTS)
+	@touch $@
+
+sglang-deps: $(VENV)/.sglang-installed
+
+test: $(VENV)/.installed $(VENV)/.sglang-installed
 	$(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed
