@@ -44,7 +44,8 @@ class SelfGuardingConsumer:
 
 
 _REGISTRY: dict[str, dict[str, Any]] = {}  # rule -> overload name -> facts
-_LOCK = threading.Lock()
+_PENDING: dict[str, dict] = {}  # overload name -> page-table facts for ops that may be defined later
+_LOCK = threading.RLock()
 PAGE_TABLE_RULE = "page_table"
 
 
@@ -172,11 +173,19 @@ def lookup_facts(rule: str, node: torch.fx.Node):
             node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
             and getattr(node.target, "_opoverload", None) is None:
         return None
-    entries = _REGISTRY.get(rule)
-    if not entries:
-        return None
     overload = resolved_overload(node)
-    return entries.get(overload_name(overload)) if overload is not None else None
+    if overload is None:
+        return None
+    name = overload_name(overload)
+    if rule == PAGE_TABLE_RULE and name in _PENDING and name not in _REGISTRY.get(rule, {}):
+        facts = _PENDING.pop(name)
+        try:  # the op exists now: check the facts against its schema, once
+            register_self_guarding_consumer(name, **facts)
+        except (ValueError, TypeError) as e:
+            import warnings
+
+            warnings.warn(f"syncfree: the built-in facts for {name} do not fit its schema ({e}); not registered")
+    return _REGISTRY.get(rule, {}).get(name)
 
 
 def lookup_consumer(node: torch.fx.Node) -> SelfGuardingConsumer | None:
@@ -197,6 +206,9 @@ def register_builtin_consumers() -> None:
 
     for name, facts in kernels.SELF_GUARDING.items():
         register_self_guarding_consumer(name, **facts)
+    for name, facts in kernels.EXTERNAL_SELF_GUARDING.items():
+        with _LOCK:
+            _PENDING.setdefault(overload_name(name), facts)
     # torch's varlen attention (torch >= 2.13 takes a block table and seqused_k); max_q/max_k are upper bounds.
     try:
         import torch.nn.attention.varlen  # noqa: F401  (defines the torch_attn ops)

@@ -7,3 +7,5 @@ from . import kv_store as _kv_store  # noqa: F401,E402  (registers syncfree::sto
 
 # Each op's self-guarding facts, next to the op; compile_pass.consumers registers them.
 SELF_GUARDING = {**_paged_decode.SELF_GUARDING, **_flash_attn.SELF_GUARDING}
+# Facts for ops defined elsewhere (sgl_kernel, flash_attn_interface), registered when the op first shows up.
+EXTERNAL_SELF_GUARDING = dict(_flash_attn.EXTERNAL_SELF_GUARDING)

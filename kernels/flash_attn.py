@@ -32,6 +32,22 @@ SELF_GUARDING = {name: dict(page_table="page_table", lengths="cache_seqlens", up
                  for name in ("syncfree::fa4_paged", "syncfree::fa_with_kvcache")}
 
 
+# Facts for ops this project does not define: registered when the op first appears in a graph (the library that
+# defines it may be imported after compile_pass), checked then against the op's own schema.
+# FA3's paged decode as sgl_kernel and flash_attn_interface register it: fwd reads seqused_k[b] keys of row b through
+# page_table (max_seqlen_k is None there: FA3 derives the key range from page_table.size(1) * page_size), and
+# get_scheduler_metadata plans the split-KV for a max_seqlen_k; the plan is valid only for the key range the fwd
+# call sees, so the two are rewritten together (rules/page_table.py, join_metadata).
+EXTERNAL_SELF_GUARDING = {
+    **{f"{ns}::fwd": dict(page_table="page_table", lengths="seqused_k", upper_bounds=("max_seqlen_k",),
+                          page_size_of=("k", 1), metadata="scheduler_metadata")
+       for ns in ("sgl_kernel", "flash_attn_3")},
+    **{f"{ns}::get_scheduler_metadata": dict(lengths="seqused_k", upper_bounds=("max_seqlen_k",),
+                                             feeds_metadata="scheduler_metadata")
+       for ns in ("sgl_kernel", "flash_attn_3")},
+}
+
+
 class FlashAttentionUnavailable(RuntimeError):
     pass
 

@@ -107,7 +107,7 @@ def test_adapters_say_clearly_when_flash_attn_is_missing(monkeypatch):
 
 def test_builtin_consumers_are_registered():
     entries = compile_pass.registered_consumers()
-    assert entries["syncfree::fa4_paged"].upper_bounds == ("max_seqlen_k",)
-    assert entries["syncfree::fa_with_kvcache"].lengths == "cache_seqlens"
-    if hasattr(torch.ops, "torch_attn") and "torch_attn::_varlen_attn" in entries:
-        assert entries["torch_attn::_varlen_attn"].upper_bounds == ("max_q", "max_k")
+    assert entries["syncfree::fa4_paged.default"].upper_bounds == ("max_seqlen_k",)
+    assert entries["syncfree::fa_with_kvcache.default"].lengths == "cache_seqlens"
+    if hasattr(torch.ops, "torch_attn") and "torch_attn::_varlen_attn.default" in entries:
+        assert entries["torch_attn::_varlen_attn.default"].upper_bounds == ("max_q", "max_k")

@@ -109,7 +109,7 @@ def test_bad_input_names_the_argument(change, exc, name):
 def test_registered_as_self_guarding_consumer():
     import compile_pass
 
-    entry = compile_pass.registered_consumers()["syncfree::paged_decode"]
+    entry = compile_pass.registered_consumers()["syncfree::paged_decode.default"]
     assert (entry.page_table, entry.lengths) == ("page_table", "cache_seqlens")
 
 

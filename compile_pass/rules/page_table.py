@@ -434,7 +434,7 @@ class _Walk:
                 self.check_page_size(consumer_node, entry, page_level)
             lengths, k = self.relate(consumer_node, entry, offset)
             lv = example_value(lengths)
-            if getattr(lv, "ndim", 0) != 1 or str(lv.shape[0]) != str(rows) or lv.device != tv.device \
+            if getattr(lv, "ndim", 0) != 1 or lv.shape[0] != rows or lv.device != tv.device \
                     or row_device != tv.device:
                 raise Unsafe("mismatch", f"{entry.name}'s {entry.lengths} {tuple(getattr(lv, 'shape', ()))} on "
                                          f"{getattr(lv, 'device', '?')} does not match the {rows} rows of the token "
@@ -543,7 +543,10 @@ class _Walk:
                      for c, entry, _ in group.consumers}
         for producer, entry, names, offset, lengths, k in self.producers:
             capacities = set()
+            stores_table = any(e.what in ("table", "columns") for e in self.escapes)
             for user in producer.users:
+                if user.op == "output" and self.static_escapes and stores_table:
+                    continue  # stored beside the static table it was made for (static_escapes)
                 target = consumers.get(user)
                 if target is None:
                     raise Unsafe("metadata_use", f"the scheduler metadata of {entry.name} at {node_location(producer)} "
@@ -561,11 +564,10 @@ class _Walk:
                                              f"{'no consumer' if not capacities else 'tables of different widths'}")
             capacity = capacities.pop()
             self.bounds.extend(BoundPlan(producer, name, capacity, lengths, k) for name in names)
-            for user in producer.users:  # the consumers see the same bound the metadata was made for
-                consumer_entry, _ = consumers[user]
-                for name in consumer_entry.upper_bounds:
-                    self.bounds = [b for b in self.bounds if not (b.consumer is user and b.argument == name)]
-                    self.bounds.append(BoundPlan(user, name, capacity, None, 0))
+            # A consumer whose upper bound was the max sees the same bound the metadata was made for; one whose
+            # bound is unset derives it from its table's width, which is the capacity.
+            users = {u for u in producer.users if u.op != "output"}
+            self.bounds = [dataclasses.replace(b, value=capacity) if b.consumer in users else b for b in self.bounds]
 
     def plan(self, bound_source: str) -> PageTablePlan:
         touches = set(self.point.nodes) | set(self.offsets)
@@ -702,9 +704,11 @@ class PageTableMax:
                     rows = insert_call(graph, first, torch.ops.aten.arange.default,
                                        (_size_node(graph, first, group.lengths),), first, dtype=torch.int64,
                                        device=device_of(gather.req_to_token))
+                # checked: the op also asserts on the device that every request index is in range (eager raises
+                # IndexError for one that is not, even on a zero-length row)
                 table = insert_call(graph, first, torch.ops.syncfree.page_table.default,
-                                    (gather.req_to_token, rows, lengths, page_size, gather.max_pages, False),
-                                    gather.chain[0])
+                                    (gather.req_to_token, rows, lengths, page_size, gather.max_pages,
+                                     bool(options.checked)), gather.chain[0])
                 tables.setdefault(gather.terminal, table)
                 for consumer, entry, via in group.consumers:  # each received int32 in eager too (proven)
                     _set_argument(consumer, entry.page_table, table)
@@ -723,9 +727,14 @@ class PageTableMax:
         parts.append(f"bound {plan.bound} ({plan.bound_source})")
         if options.checked:
             for (lengths, limit), before in checks.items():
-                insert_device_assert(graph, before, lengths, limit,
+                # Lengths narrowed (int64 -> int32) keep their values only in int32's range: assert it on the
+                # wide values, where eager's max read them.
+                wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
+                narrowed = any(is_narrowing(n) for n in passed)
+                insert_device_assert(graph, before, wide if narrowed else lengths, limit,
                                      f"syncfree: a sequence length exceeds the static bound that replaced its max "
-                                     f"({plan.bound_source}) at {node_location(before)}")
+                                     f"({plan.bound_source}) at {node_location(before)}",
+                                     low=-(2 ** 31) if narrowed else None)
             parts.append("lengths asserted on the device")
         for check in plan.checks:
             insert_device_assert(graph, check.compare, check.lengths, check.limit,

@@ -27,9 +27,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def sglang_fa3():
-    modules = harness.setup()
-    entry = harness.register_fwd_consumer()
-    yield modules
-    import compile_pass
-
-    compile_pass.unregister_self_guarding_consumer(entry.name)
+    # The FA3 facts (sgl_kernel::fwd, sgl_kernel::get_scheduler_metadata) are built in (kernels/flash_attn.py):
+    # they register when the ops first appear in a graph.
+    yield harness.setup()

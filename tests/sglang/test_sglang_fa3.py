@@ -12,6 +12,8 @@ for (flip them when the rule lands: strict xfail, so a pass turns red).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -37,25 +39,24 @@ PATHS = {
                             draft_tokens=8, options=SE),
     # Ragged target verify (device-only RaggedVerifyLayout): max over cache_seqlens.max().item() on the device.
     "ragged_verify": H.Path("ragged_verify", "ragged_verify", spec=EAGLE, draft_tokens=4, options=SE),
+    # The max is over seq_lens + verify_lens: the per-site bound is max_context_len + verify_lens's bound.
     "ragged_verify_traceable": H.Path("ragged_verify_traceable", "ragged_verify", spec=EAGLE, draft_tokens=4,
-                                      options=SE, traceable_ragged_geometry=True),
+                                      options={**SE, "length_bounds": {"verify_lens": 4}},
+                                      traceable_ragged_geometry=True),
 }
 
 # path -> (status, words one reason must contain)
 EXPECTED = {
-    "fa3_decode": ("kept", "returned to the caller"),  # FA3 keeps forward_metadata on itself
+    "fa3_decode": ("kept", "stored on an object"),  # FA3 keeps forward_metadata on itself
     "fa3_decode_static_escapes": ("rewritten", None),
     "draft_decode": ("rewritten", None),
     "target_verify": ("rewritten", None),
     "draft_extend": ("rewritten", None),
     "dflash_verify": ("rewritten", None),
     "ragged_verify": ("graph_break", "RaggedTargetVerifyGeometry"),  # msgspec.Struct: Dynamo cannot build it
-    "ragged_verify_traceable": ("rewritten", None),
+    "ragged_verify_traceable": ("rewritten", "bound 260 (max_context_len=256 + length_bounds['verify_lens']=4)"),
 }
-NEEDS_RULE = {
-    "fa3_decode_static_escapes": "needs the scheduler-metadata rule (today: kept, the max reaches "
-                                 "get_scheduler_metadata, not a registered self-guarding consumer)",
-}
+NEEDS_RULE: dict = {}
 
 _OUTCOMES: dict = {}
 
@@ -82,14 +83,25 @@ def test_report(sglang_fa3, name):
         pytest.xfail(NEEDS_RULE[name])
     assert result.status == status, shown
     if words:
-        assert any(words in r for r in result.reasons + result.graph_breaks), shown
+        assert any(words in r for r in result.reasons + result.graph_breaks) or words in shown, shown
     if status == "rewritten":
         assert all(r.syncs_remaining == 0 and not r.kept for r in result.reports), shown
 
 
-def test_today_fa3_default_decode_stops_at_the_scheduler_metadata(sglang_fa3):
-    """Where the FA3 default decode stands now (delete when NEEDS_RULE is empty)."""
+def test_fa3_default_decode_rewrites_the_scheduler_metadata_with_the_table(sglang_fa3):
+    """The joint rewrite: get_scheduler_metadata's max_seqlen_k becomes the static table's key capacity, which
+    is the key range FA3's fwd derives from the static page table (page_table.size(1) * page_size)."""
     result = outcome("fa3_decode_static_escapes")
-    assert result.status == "kept"
-    assert all("get_scheduler_metadata" in r and "not a registered self-guarding consumer" in r
-               for r in result.reasons), result.reasons
+    assert result.status == "rewritten", result.reasons
+    text = "\n".join(str(r) for r in result.reports)
+    assert "max_seqlen_k -> 256" in text and "width 16 (page_size 16)" in text, text
+
+
+def test_ragged_verify_without_a_bound_for_verify_lens_keeps_the_max(sglang_fa3):
+    """A max over seq_lens + verify_lens reaches max_context_len + draft tokens: without a declared bound for
+    verify_lens no static bound is known, and the max is kept (reason code unbounded_operand)."""
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["ragged_verify_traceable"], options=SE)
+    result = H.run_path(path, vectors=2)
+    assert result.status == "kept", result.reasons
+    assert any(i.reason_code == "unbounded_operand" for r in result.reports for i in r.kept)
