@@ -6,18 +6,55 @@
     print(compile_pass.last_report())
 """
 
-from . import kernels  # noqa: F401  (registers the torch.ops.syncfree ops)
-from .backend import compile, syncfree_backend
-from .consumers import (
-    SelfGuardingConsumer,
-    register_builtin_consumers,
-    register_self_guarding_consumer,
-    registered_consumers,
-    unregister_self_guarding_consumer,
-)
-from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
+import sys as _sys
 
-register_builtin_consumers()
+
+def _imported_by_torch_autoload() -> bool:
+    """Is torch importing this package as a device-backend plugin (entry point `torch.backends`), mid-way
+    through its own `import torch`?"""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_import_device_backends" and frame.f_globals.get("__name__") == "torch":
+            return True
+        frame = frame.f_back
+    return False
+
+
+_LIGHT = _imported_by_torch_autoload()
+
+
+def _torch_autoload() -> None:
+    """Entry point `torch.backends`: torch calls it while it is imported, before it parses TORCH_LOGS, so that
+    TORCH_LOGS=syncfree is a setting it knows. It registers the log name and nothing else (no ops, no
+    kernels: `import torch` stays as fast); the next `import compile_pass` imports the package for real."""
+    try:
+        from torch._logging._internal import register_log
+
+        register_log("syncfree", "compile_pass")
+    except Exception:  # never break `import torch`
+        pass
+    finally:
+        if _LIGHT:
+            for name in [m for m in _sys.modules if m == __name__ or m.startswith(__name__ + ".")]:
+                del _sys.modules[name]
+
+
+if not _LIGHT:
+    from . import kernels  # noqa: F401  (registers the torch.ops.syncfree ops)
+    from .backend import compile, syncfree_backend
+    from .consumers import (
+        SelfGuardingConsumer,
+        register_builtin_consumers,
+        register_self_guarding_consumer,
+        registered_consumers,
+        unregister_self_guarding_consumer,
+    )
+    from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
+
+    from .log import register_with_torch as _register_log
+
+    register_builtin_consumers()
+    _register_log()  # TORCH_LOGS=syncfree, torch._logging.set_logs(modules={"syncfree": logging.INFO})
 
 __all__ = [
     "compile",

@@ -1,4 +1,4 @@
-"""Every private torch API the project touches, in one place (torch 2.11 through 2.14).
+"""Every private torch API the project touches, in one place (torch 2.11 through 2.15).
 
 Keep this module small; tests/test_compat.py exercises each function on the installed torch.
 """
@@ -241,3 +241,38 @@ def graph_break_reasons() -> list[tuple[str, str]]:
         where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "<unknown>"
         found.append((str(getattr(r, "reason", r)), where))
     return found
+
+def inductor_config_keys() -> frozenset[str]:
+    """Every key torch._inductor.config accepts as a patch ("max_autotune", "triton.cudagraphs", ...)."""
+    from torch._inductor import config
+
+    return frozenset(config.get_config_copy())
+
+
+def register_torch_log(setting_name: str, logger_name: str) -> bool:
+    """Let TORCH_LOGS / torch._logging.set_logs control `logger_name` under `setting_name`. False when this torch
+    has no registry to add to (the logger then still works through TORCH_LOGS=<module name>)."""
+    try:
+        from torch._logging._internal import register_log
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    register_log(setting_name, logger_name)
+    return True
+
+
+def trace_artifact(name: str, payload_fn) -> None:
+    """A structured-trace artifact (TORCH_TRACE, tlparse) of JSON `payload_fn()`; a no-op when tracing is off."""
+    torch._logging.trace_structured("artifact", metadata_fn=lambda: {"name": name, "encoding": "json"},
+                                    payload_fn=payload_fn)
+
+
+@contextlib.contextmanager
+def no_compile_caches():
+    """Inductor's FX graph cache and AOT autograd's cache off: every compile generates its code (syncfree-inspect
+    counts host reads in the code of this run, the same way on both sides)."""
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config
+
+    aot = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
+    with config.patch(fx_graph_cache=False), functorch_config.patch(**aot):
+        yield

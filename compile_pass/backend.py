@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
 import torch.fx
 
-from . import _compat
+from . import _compat, log
 from .normalize import is_full_max
 from .options import SyncfreeOptions
 from .sync_pass import PassResult, SyncPass
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
-from .report import SyncItem, SyncRemainsError, SyncReport, collecting_reports, node_location, set_last_report
+from .report import (SyncItem, SyncRemainsError, SyncReport, collecting_reports, format_disjoint_note, node_location,
+                     set_last_report)
 
 CAPTURE_FIX = ("Dynamo breaks the graph at .item() because torch._dynamo.config.capture_scalar_outputs is off; "
                "use compile_pass.compile(...) or set it to True before the first call")
@@ -86,19 +86,41 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
         report = report_of(SyncPass(opts)(rewritten), opts)
+        log.graph_rewritten(gm, rewritten)
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
             raise
-        warnings.warn(f"syncfree: the pass failed ({type(e).__name__}: {e}); compiling the graph untouched",
-                      stacklevel=2)
+        log.warn(f"syncfree: the pass failed ({type(e).__name__}: {e}); compiling the graph untouched")
         rewritten = gm
         report = SyncReport(options=opts.to_dict(), fell_back=True,
                             notes=[f"the pass failed ({type(e).__name__}: {e}); the graph was compiled untouched"])
     report.pass_seconds = time.perf_counter() - start
+    explain_missing_bound(report, mode, opts)
     try:
         return _compile_rewritten(gm, rewritten, example_inputs, report, opts)
     finally:
         report.backend_seconds = time.perf_counter() - start
+        log.report_finished(report)
+
+
+def missing_bound_hint(mode: str) -> str:
+    return (f"mode={mode!r} was given without max_context_len, and torch.compile takes no options= together "
+            f"with mode=: use compile_pass.compile(fn, max_context_len=N, cudagraphs=True) (what "
+            f"mode='reduce-overhead' maps to), or torch.compile(fn, backend='syncfree', "
+            f"options={{'max_context_len': N, 'cudagraphs': True}})")
+
+
+def explain_missing_bound(report: SyncReport, mode: str | None, opts: SyncfreeOptions) -> None:
+    """A bound is missing because `mode=` went to torch.compile (which then refuses options=): say how to give
+    both, in the report's notes and on each item kept for want of a bound."""
+    if mode in (None, "default") or opts.max_context_len is not None:
+        return
+    hint = missing_bound_hint(mode)
+    for item in report.kept:
+        if item.reason_code == "no_bound":
+            item.reason += "; " + hint
+    if report.kept:
+        report.notes.append(hint)
 
 
 def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
@@ -106,18 +128,8 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
     report = SyncReport(rewritten=list(result.rewritten), kept=list(result.kept), notes=list(result.notes),
                         options=opts.to_dict(), disjoint_inputs=list(result.disjoint_inputs))
     if result.disjoint_names:
-        report.notes.append(disjoint_note(result.disjoint_names))
+        report.notes.append(format_disjoint_note(result.disjoint_names))
     return report
-
-
-def disjoint_note(pairs) -> str:
-    """The inputs assumed distinct, grouped by tensor and named by their sources."""
-    grouped: dict[str, list[str]] = {}
-    for a, b in pairs:
-        grouped.setdefault(a, []).append(b)
-    parts = [f"{a} vs {', '.join(sorted(set(bs)))}" for a, bs in sorted(grouped.items())]
-    return ("assumes these graph inputs never share memory: " + "; ".join(parts)
-            + " (checked on every call; a call in which they do runs the graph as captured, without the rewrite)")
 
 
 _BREAKS_SEEN = [0]
@@ -154,9 +166,12 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
     if opts.strict and report.syncs_remaining:
         raise SyncRemainsError([i for i in report.kept if i.host_sync])
     if report.syncs_remaining:
-        lines = "; ".join(f"{i.kind} at {i.location}" for i in report.kept if i.host_sync)
-        warnings.warn(f"syncfree: {report.syncs_remaining} host sync point(s) kept: {lines} "
-                      "(compile_pass.last_report() says why)", stacklevel=3)
+        kept = [i for i in report.kept if i.host_sync]
+        lines = "; ".join(f"{i.kind} at {i.location}" for i in kept)
+        hint = next((n for n in report.notes if "without max_context_len" in n), None)
+        log.warn(f"syncfree: {report.syncs_remaining} host sync point(s) kept: {lines} "
+                 + (f"({hint})" if hint else "(compile_pass.last_report() says why)"),
+                 location=kept[0].location, graph=gm)
 
     patches = opts.config_patches()
     keeps_host_read = _holds_unbacked_symbols(rewritten)
@@ -176,7 +191,7 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         note = (f"inductor failed on this graph, which keeps a host read ({type(e).__name__}: {first}); "
                 "it runs as captured, without Inductor, with its host read")
-        warnings.warn(f"syncfree: {note}", stacklevel=3)
+        log.warn(f"syncfree: {note}")
         report.notes.append(note)
         report.post_grad = None
         return guard_disjoint_inputs(rewritten.forward, gm, report.disjoint_inputs)
@@ -251,16 +266,20 @@ _TORCH_COMPILE_KWARGS = {"fullgraph", "dynamic", "disable"}
 
 
 def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None, strict: bool = False,
-            cudagraphs: bool = False, **kw) -> Callable:
+            cudagraphs: bool | None = None, mode: str | None = None, **kw) -> Callable:
     """Like torch.compile(fn, backend="syncfree", options=...), with capture_scalar_outputs on while Dynamo
     traces (it is read at the first call, not at torch.compile()).
 
-    Keyword arguments fullgraph/dynamic/disable go to torch.compile; any other goes into the backend's
-    options (checked, cpu_mirrors, Inductor config patches).
+    `mode` is mapped as the backend maps it ("reduce-overhead" -> cudagraphs=True, "max-autotune" -> its
+    Inductor patches); `cudagraphs`, when given, wins over the mode. Keyword arguments fullgraph/dynamic/disable
+    go to torch.compile; any other goes into the backend's options (checked, cpu_mirrors, static_escapes,
+    Inductor config patches) and an unknown one raises here, naming it.
     """
     compile_kwargs = {k: kw.pop(k) for k in list(kw) if k in _TORCH_COMPILE_KWARGS}
-    options = {"max_context_len": max_context_len, "page_size": page_size, "strict": strict,
-               "cudagraphs": cudagraphs, **kw}
+    options = {**_mode_options(mode), "max_context_len": max_context_len, "page_size": page_size,
+               "strict": strict, **kw}
+    if cudagraphs is not None:
+        options["cudagraphs"] = cudagraphs
     SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     graph_reports: list[SyncReport] = []

@@ -36,6 +36,7 @@ def syncfree(request):
     results = request.config.stash[_RESULTS_KEY]
 
     def check(fn, *args, **kwargs):
+        __tracebackhide__ = True  # a failure shows the report, not the plugin's source
         entry = {"test": request.node.nodeid, "function": getattr(fn, "__qualname__", repr(fn))}
         try:
             result = assert_sync_free(fn, *args, **kwargs)

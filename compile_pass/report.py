@@ -116,6 +116,7 @@ class SyncReport:
         rows += [("kept" if i.host_sync else "kept (no sync)", i.kind, i.location, i.reason) for i in self.kept]
         if len(rows) == 1:
             rows.append(("-", "-", "-", "no sync point found"))
+        rows = rows[:1] + collapse_repeated_rows(rows[1:])
         widths = [max(len(r[c]) for r in rows) for c in range(3)]
         lines = []
         for n, r in enumerate(rows):
@@ -126,6 +127,86 @@ class SyncReport:
                      f"({self.syncs_remaining} still a host sync)")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+SAME_REASON = "(same reason as above)"
+
+
+def collapse_repeated_rows(rows: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """Table rows, readable at engine size: identical rows (one per layer, from one line in a loop) become one
+    row with "x N" after its location, and a reason repeated from the row above reads "(same reason as above)"."""
+    counted: list[list] = []
+    for row in rows:
+        if counted and tuple(counted[-1][0]) == row:
+            counted[-1][1] += 1
+        else:
+            counted.append([row, 1])
+    out = []
+    previous_reason = None
+    for (status, kind, location, reason), n in counted:
+        shown = SAME_REASON if reason == previous_reason else reason
+        out.append((status, kind, f"{location} x{n}" if n > 1 else location, shown))
+        previous_reason = reason
+    return out
+
+
+DISJOINT_PREFIX = "assumes these graph inputs never share memory: "
+DISJOINT_SUFFIX = "; a call in which they do runs the graph as captured, without the rewrite"
+
+
+def format_disjoint_note(pairs: list[tuple[str, str]], limit: int = 6) -> str:
+    """The note on graph inputs a proof assumed distinct, grouped by tensor and in source names, e.g.
+
+        assumes these graph inputs never share memory: L['fb'].req_to_token vs L['k_pool_0'], L['k_pool_1'], ...
+        (8 inputs); ...
+
+    `pairs` holds (name, name) pairs, best as Dynamo source names (`_compat.placeholder_source_name`). The tensor
+    in most pairs leads a group with every input it was compared with; repeats are dropped; a group lists at most
+    `limit` names and then says how many there are. Empty when there are no pairs."""
+    remaining = {tuple(sorted((str(a), str(b)))) for a, b in pairs if a != b}
+    groups = []
+    while remaining:
+        counts = collections.Counter(name for pair in remaining for name in pair)
+        lead = min(counts, key=lambda name: (-counts[name], _natural_key(name)))
+        others = sorted((b if a == lead else a for a, b in remaining if lead in (a, b)), key=_natural_key)
+        remaining = {pair for pair in remaining if lead not in pair}
+        shown = _numbered_runs(others)
+        if len(shown) > limit:
+            shown = shown[:limit - 1] + ["...", shown[-1]]
+        group = f"{lead} vs {', '.join(shown)}"
+        if len(others) > 1 and len(shown) < len(others):
+            group += f" ({len(others)} inputs)"
+        groups.append(group)
+    if not groups:
+        return ""
+    return DISJOINT_PREFIX + "; ".join(groups) + DISJOINT_SUFFIX
+
+
+def _numbered_runs(names: list[str]) -> list[str]:
+    """Names that differ only in their last number, consecutive and 3 or more, as one "first .. last" entry:
+    L['k_pool_0'] .. L['k_pool_7']."""
+    series: dict[tuple[str, str], list[int]] = {}
+    for name in names:
+        m = re.match(r"^(.*?)(\d+)(\D*)$", name)
+        if m:
+            series.setdefault((m.group(1), m.group(3)), []).append(int(m.group(2)))
+    out, done = [], set()
+    for name in names:
+        m = re.match(r"^(.*?)(\d+)(\D*)$", name)
+        key = (m.group(1), m.group(3)) if m else None
+        numbers = sorted(series.get(key, [])) if key else []
+        if len(numbers) >= 3 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            if key not in done:
+                done.add(key)
+                out.append(f"{key[0]}{numbers[0]}{key[1]} .. {key[0]}{numbers[-1]}{key[1]}")
+            continue
+        out.append(name)
+    return out
+
+
+def _natural_key(name: str):
+    """k_pool_2 before k_pool_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 class SyncRemainsError(RuntimeError):

@@ -117,6 +117,7 @@ def assert_sync_free(fn: Callable, *args, max_context_len: int, replays: int = 3
     `options` are compile_pass.compile's (page_size, checked, cudagraphs, cpu_mirrors, static_escapes, Inductor
     patches). Arguments are passed as they are: use copies if the step writes its inputs (a KV pool).
     """
+    __tracebackhide__ = True  # pytest shows the failure (the report), not this function's source
     compiled = _compile(_fresh_function(fn), max_context_len=max_context_len, fullgraph=True, **options)
     cuda = _on_cuda(args)
     log: list[str] = []

@@ -146,3 +146,81 @@ def test_without_a_working_depyf_the_dump_still_happens(tmp_path, fake_depyf, no
         assert (out / side / "dynamo_graph_0.py").exists() and (out / side / "inductor_code_0.py").exists()
     assert "_local_scalar_dense" in (out / "before" / "inductor_code_0.py").read_text() or \
         ".item()" in (out / "before" / "inductor_code_0.py").read_text()
+
+
+# -- in-process: main(argv) ---------------------------------------------------------------------------------------
+@pytest.fixture
+def in_target_dir(target_dir, monkeypatch):
+    monkeypatch.chdir(target_dir)
+    monkeypatch.syspath_prepend(str(target_dir))
+    yield target_dir
+    sys.modules.pop("unsafe_target", None)
+
+
+def run_main(*argv) -> int:
+    from compile_pass.tools.inspect_cli import main
+
+    return main(list(argv))
+
+
+@pytest.mark.inductor
+def test_after_holds_the_rewritten_graph_and_a_diff(tmp_path, capsys):
+    out = tmp_path / "dump"
+    assert run_main("--example", "decode", "--out", str(out)) == 0
+    captured = (out / "after" / "dynamo_graph_0.py").read_text()
+    rewritten = (out / "after" / "rewritten_graph_0.py").read_text()
+    assert ".item()" in captured and ".item()" not in rewritten
+    assert "torch.ops.syncfree.page_table" in rewritten and "torch.ops.syncfree.page_table" not in captured
+    diff = (out / "rewrite.diff").read_text()
+    assert diff == (out / "after" / "rewrite_0.diff").read_text()
+    assert diff.startswith("--- dynamo_graph_0.py") and "\n+    page_table" in diff and "\n-    item = " in diff
+    assert "rewrite.diff" in capsys.readouterr().out
+
+
+@pytest.mark.inductor
+def test_each_run_starts_clean_and_counts_both_sides_alike(in_target_dir, capsys):
+    out = in_target_dir / "dump"
+    (out / "after").mkdir(parents=True)
+    (out / "after" / "inductor_code_7.py").write_text("stale .item() .item()")  # from an earlier run
+    (out / "notes.txt").write_text("mine")  # not the tool's: kept
+    counts = []
+    for _ in range(2):  # the second run meets warm caches (Dynamo's, Inductor's FX graph cache, AOT's)
+        assert run_main("unsafe_target:target", "--max-context-len", "10", "--out", str(out), "--json") == 1
+        data = json.loads(capsys.readouterr().out)
+        counts.append(data["host_syncs_in_inductor_code"])
+        assert not (out / "after" / "inductor_code_7.py").exists()
+        assert sorted(p.name for p in (out / "after").glob("inductor_code_*.py")) == ["inductor_code_0.py"]
+    assert counts == [{"before": 1, "after": 1}] * 2
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_the_tool_did_not_write_is_left_alone(in_target_dir, capsys):
+    out = in_target_dir / "dump"
+    (out / "before").mkdir(parents=True)
+    (out / "before" / "thesis.tex").write_text("precious")
+    assert run_main("unsafe_target:target", "--out", str(out)) == 2
+    assert "was not written by syncfree-inspect" in capsys.readouterr().err
+    assert (out / "before" / "thesis.tex").read_text() == "precious"
+
+
+def test_a_backend_failure_prints_its_cause(in_target_dir, capsys, monkeypatch):
+    import torch._inductor.compile_fx as inductor_compile_fx
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor exploded on purpose")
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx", broken)
+    assert run_main("unsafe_target:target", "--max-context-len", "10", "--out", "dump") == 3
+    err = capsys.readouterr().err
+    assert "compiling the target failed" in err and "RuntimeError: inductor exploded on purpose" in err
+    assert "backend='inductor'" in err  # the backend is named, not 'backend'
+
+
+def test_help_and_behaviour_agree_on_max_context_len(in_target_dir, capsys):
+    with pytest.raises(SystemExit) as info:
+        run_main("--help")
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "required" not in text and "every max is kept and the report says so" in text
+    assert run_main("unsafe_target:target", "--out", "dump") == 1  # no bound: a report, not a usage error
+    assert "max_context_len'] is missing" in capsys.readouterr().out

@@ -112,3 +112,55 @@ def test_cudagraph_log_partitions_are_picked_out():
         logging.getLogger("torch._inductor").warning("Created 1 graph partitions: 1 cudagraphable, 0 non-cudagraphable")
         logging.getLogger("torch._inductor").warning("skipping cudagraphs due to cpu device")
     assert log.partitions() == ["Created 1 graph partitions: 1 cudagraphable, 0 non-cudagraphable"]
+
+
+def test_inductor_config_keys_hold_flat_and_nested_keys():
+    keys = _compat.inductor_config_keys()
+    assert {"max_autotune", "fx_graph_cache", "triton.cudagraphs"} <= keys
+    assert "max_context_len" not in keys
+
+
+def test_register_torch_log_makes_a_setting_name():
+    import logging
+
+    from torch._logging._internal import log_registry
+
+    assert _compat.register_torch_log("syncfree_compat_test", "compile_pass.compat_test")
+    assert log_registry.is_log("syncfree_compat_test")
+    torch._logging.set_logs(modules={"syncfree_compat_test": logging.DEBUG})
+    try:
+        assert logging.getLogger("compile_pass.compat_test").isEnabledFor(logging.DEBUG)
+    finally:
+        torch._logging.set_logs()
+
+
+def test_trace_artifact_goes_to_the_structured_trace_log():
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    trace_log = logging.getLogger("torch.__trace")
+    handler, level = Keep(), trace_log.level
+    trace_log.addHandler(handler)
+    trace_log.setLevel(logging.DEBUG)
+    try:
+        _compat.trace_artifact("syncfree_compat_test", lambda: '{"x": 1}')
+    finally:
+        trace_log.removeHandler(handler)
+        trace_log.setLevel(level)
+    ours = [r for r in records if r.metadata.get("artifact", {}).get("name") == "syncfree_compat_test"]
+    assert ours and ours[0].metadata["artifact"]["encoding"] == "json" and ours[0].payload == '{"x": 1}'
+
+
+def test_no_compile_caches_turns_both_caches_off_and_restores_them():
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config
+
+    before = (config.fx_graph_cache, functorch_config.enable_autograd_cache)
+    with _compat.no_compile_caches():
+        assert config.fx_graph_cache is False and functorch_config.enable_autograd_cache is False
+    assert (config.fx_graph_cache, functorch_config.enable_autograd_cache) == before

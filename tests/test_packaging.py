@@ -1,0 +1,114 @@
+"""A real package (issue 21): license, classifiers, one torch range, entry points, docs that cover the API."""
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import compile_pass
+
+ROOT = Path(__file__).resolve().parent.parent
+tomllib = pytest.importorskip("tomllib")
+
+
+@pytest.fixture(scope="module")
+def project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_license_is_spdx_with_its_file(project):
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert not any(c.startswith("License ::") for c in project["classifiers"])  # PEP 639: no license classifier
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77 for r in requires)
+
+
+def test_classifiers_and_python(project):
+    assert project["requires-python"] == ">=3.10"
+    assert "Programming Language :: Python :: 3" in project["classifiers"]
+    assert any(c.startswith("Topic ::") for c in project["classifiers"])
+
+
+def test_one_torch_range_stated_the_same_everywhere(project):
+    torch_req = [d for d in project["dependencies"] if re.match(r"torch\b", d)]
+    assert torch_req == ["torch>=2.11,<2.16"]
+    assert not any(d.startswith("triton") for d in project["dependencies"])  # torch's own pin decides
+    readme = (ROOT / "README.md").read_text()
+    assert "torch 2.11 through 2.15" in readme and "torch>=2.11,<2.16" in readme
+    compat = (ROOT / "compile_pass" / "_compat.py").read_text()
+    assert "torch 2.11 through 2.15" in compat.split('"""')[1]
+
+
+def test_entry_points(project):
+    eps = project["entry-points"]
+    assert project["scripts"] == {"syncfree-inspect": "compile_pass.tools.inspect_cli:main"}
+    assert eps["torch_dynamo_backends"] == {"syncfree": "compile_pass.backend:syncfree_backend"}
+    assert eps["pytest11"] == {"syncfree": "compile_pass.pytest_plugin"}
+    assert eps["torch.backends"] == {"syncfree": "compile_pass:_torch_autoload"}
+    assert callable(compile_pass._torch_autoload)
+
+
+def test_long_description_has_no_repository_relative_links(project):
+    readme = (ROOT / project["readme"]).read_text()
+    links = re.findall(r"\]\(([^)]+)\)", readme)
+    assert all(link.startswith(("http://", "https://")) for link in links), links
+    assert "pip install torch-syncfree" in readme
+
+
+def test_docs_api_covers_every_public_name():
+    api = (ROOT / "docs" / "api.md").read_text()
+    missing = [name for name in compile_pass.__all__ if f"compile_pass.{name}" not in api]
+    assert not missing, missing
+    from compile_pass import testing
+    from compile_pass.options import _OURS
+
+    for name in ("assert_sync_free", "SyncCheck", "SyncCheckFailed", "host_reads_in_code", "replay_without_sync"):
+        assert hasattr(testing, name) and f"`{name}" in api, name
+    for option in _OURS:
+        assert f"`{option}`" in api, option
+    for op in ("page_table", "page_table_", "paged_decode", "fa4_paged", "fa_with_kvcache", "store_kv"):
+        assert f"`{op}(" in api, op
+    from compile_pass.tools.inspect_cli import _parser
+
+    flags = [s for a in _parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    for flag in flags:
+        assert flag in api, flag
+    assert "--syncfree-report" in api and "TORCH_LOGS=syncfree" in api and "syncfree_report" in api
+
+
+def test_changelog_notes_the_changed_default():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"## {version}" in text and "`checked=True` is the default" in text
+
+
+@pytest.mark.inductor  # not an Inductor compile, but a build: slow-ish
+def test_the_wheel_metadata(tmp_path):
+    source = tmp_path / "src"  # a copy: the build leaves build/ and *.egg-info where it runs
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("compile_pass", "kernels", "tools", "examples"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wheel = next(tmp_path.glob("torch_syncfree-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        entry_points = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "License-Expression: Apache-2.0" in meta and "License-File: LICENSE" in meta
+    assert re.search(r"Requires-Dist: torch<2\.16,>=2\.11|Requires-Dist: torch>=2\.11,<2\.16", meta)
+    assert "Requires-Dist: triton" not in meta
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
+    assert "[torch.backends]" in entry_points and "[torch_dynamo_backends]" in entry_points
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"compile_pass"}  # the only top-level import name
