@@ -30,7 +30,7 @@ def insert_call(graph: torch.fx.Graph, before: torch.fx.Node, target, args: tupl
         node = graph.call_function(target, args, kwargs)
     node.meta["stack_trace"] = like.meta.get("stack_trace")
     inputs = [a for a in args if isinstance(a, torch.fx.Node)]
-    mode = fake_mode_of(inputs)
+    mode = fake_mode_of(inputs + [like, before])
     if mode is not None:
         values = tuple(example_value(a) if isinstance(a, torch.fx.Node) else a for a in args)
         with mode:

@@ -1,0 +1,126 @@
+"""The rule engine and the page-table rule's newer forms: gpt-fast's `block_table[:B, :n]`, lengths spelled
+`seq_lens - 1 + 1`, per-site bounds (`length_bounds`), and the registry itself. Each compiled step is compared
+with eager on several length vectors (pass-only backend: no Inductor)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compile_pass
+import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
+from compile_pass import rules
+from compile_pass.options import OptionError, SyncfreeOptions
+from passlib import make_fb, make_qkv, run
+
+MCL = 64
+SUM = torch.ops.syncfree_test.bounded_sum
+
+
+def compare(step, args_of, vectors, **options):
+    out, backend, compiled = run(step, *args_of(vectors[0]), max_context_len=MCL, **options)
+    torch.testing.assert_close(out, step(*args_of(vectors[0])))
+    for lengths in vectors[1:]:
+        with compile_pass._compat.capture_scalar_outputs():
+            torch.testing.assert_close(compiled(*args_of(lengths)), step(*args_of(lengths)))
+    return backend
+
+
+def test_block_table_rows_by_a_slice_gpt_fast():
+    """gpt-fast's block table: rows [0, B) by a slice and a page count, not an index tensor."""
+    ps = 4
+
+    def step(q, k, v, block_table, lens):
+        m = lens.max().item()
+        n = (m + ps - 1) // ps
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt, lens.to(torch.int32))
+
+    gen = torch.Generator().manual_seed(3)
+    block_table = torch.randperm(6 * 16, generator=gen).view(6, 16).to(torch.int32)
+
+    def args(lengths):
+        q, k, v = make_qkv(len(lengths), page_size=ps, num_pages=96)
+        return q, k, v, block_table, torch.tensor(lengths)
+
+    backend = compare(step, args, [[3, 9, 5], [30, 1, 0], [64, 2, 7], [12, 12, 12]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+    assert "width 16" in backend.report.rewritten[0].reason
+
+
+def test_lengths_spelled_minus_one_plus_one():
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        lens = fb.seq_lens - 1 + 1
+        return SUM(fb.req_to_token[fb.req_pool_indices, :m], lens, 1, m)
+
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [0, 64, 1]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+
+
+def test_lengths_below_the_values_the_max_covers_are_fine():
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens - 2, 1, m)
+
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [0, 64, 1]])
+    assert backend.report.rewritten, str(backend.report)
+
+
+class VerifyBatch:
+    def __init__(self, lengths, verify):
+        fb = make_fb(lengths)
+        self.req_to_token, self.req_pool_indices, self.seq_lens = fb.req_to_token, fb.req_pool_indices, fb.seq_lens
+        self.verify_lens = torch.tensor(verify, dtype=torch.int64)
+
+
+def _verify_step(b):
+    lens = b.seq_lens + b.verify_lens  # a max over this reaches max_context_len + the draft tokens
+    m = lens.max().item()
+    return SUM(b.req_to_token[b.req_pool_indices, :m], lens, 1, m)
+
+
+def test_a_max_over_a_sum_needs_a_declared_bound_for_the_other_operand():
+    backend = compare(_verify_step, lambda v: (VerifyBatch(v, [4, 0, 2]),), [[3, 9, 5], [60, 1, 2]])
+    assert [i.reason_code for i in backend.report.kept] == ["unbounded_operand"], str(backend.report)
+    assert "length_bounds" in backend.report.kept[0].reason
+
+
+def test_the_per_site_bound_adds_the_declared_bound():
+    backend = compare(_verify_step, lambda v: (VerifyBatch(v, [4, 0, 2]),), [[3, 9, 5], [60, 1, 2], [58, 64, 0]],
+                      length_bounds={"verify_lens": 4})
+    (item,) = backend.report.rewritten
+    assert "bound 68 (max_context_len=64 + length_bounds['verify_lens']=4)" in item.reason, item.reason
+    assert "max_seqlen_k -> 68" in item.reason
+
+
+def test_the_device_check_holds_lengths_to_the_per_site_bound():
+    """checked (the default): a sum past max_context_len + the declared bound raises on the device."""
+    out, backend, compiled = run(_verify_step, VerifyBatch([3, 9, 5], [4, 0, 2]), max_context_len=MCL,
+                                 length_bounds={"verify_lens": 4})
+    assert backend.report.rewritten
+    with compile_pass._compat.capture_scalar_outputs(), pytest.raises(RuntimeError, match="static bound"):
+        compiled(VerifyBatch([66, 1, 2], [4, 0, 2]))
+
+
+def test_rules_are_registered_with_their_options():
+    names = [r.name for r in rules.registered_rules()]
+    assert names[0] == "page_table"
+    assert "length_bounds" in rules.declared_options()
+    assert len(rules.rules_fingerprint()) == 64
+    opts = SyncfreeOptions.from_dict({"max_context_len": 8, "length_bounds": {"verify_lens": 3}})
+    assert opts.rule_option("length_bounds") == (("verify_lens", 3),)
+    assert opts.to_dict()["length_bounds"] == {"verify_lens": 3}
+    with pytest.raises(OptionError, match="length_bounds"):
+        SyncfreeOptions.from_dict({"length_bounds": {"verify_lens": -1}})
+    with pytest.raises(OptionError, match="did you mean 'length_bounds'"):
+        SyncfreeOptions.from_dict({"length_bound": {"verify_lens": 3}})
+
+
+def test_every_kept_reason_code_is_declared():
+    from compile_pass.proof import REASONS, Unsafe
+
+    with pytest.raises(AssertionError):
+        Unsafe("not_a_code", "x")
+    assert {"written", "output_changes", "wide_table", "dynamic_width", "unbounded_operand",
+            "metadata_use", "graph_break"} <= set(REASONS)
