@@ -276,3 +276,8 @@ def no_compile_caches():
     aot = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with config.patch(fx_graph_cache=False), functorch_config.patch(**aot):
         yield
+
+
+def invoke_subgraph_op():
+    """The higher-order op a `torch.compiler.nested_compile_region` call becomes in a Dynamo graph (or None)."""
+    return getattr(torch.ops.higher_order, "invoke_subgraph", None)

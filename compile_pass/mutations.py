@@ -141,6 +141,44 @@ def _aten_packet(name: str):
     return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
 
 
+def region_body(node: torch.fx.Node):
+    """For a call of a compiled region (`torch.compiler.nested_compile_region` -> invoke_subgraph): (its body's
+    GraphModule, the operands in the order of the body's placeholders); else None."""
+    if node.op != "call_function" or node.target is not _compat.invoke_subgraph_op():
+        return None
+    attr = node.args[0] if node.args else None
+    owner = node.graph.owning_module
+    if not isinstance(attr, torch.fx.Node) or attr.op != "get_attr" or owner is None:
+        return None
+    body = getattr(owner, attr.target, None)
+    if not isinstance(body, torch.fx.GraphModule):
+        return None
+    return body, list(node.args[2:])
+
+
+def _region_writes(node: torch.fx.Node, region) -> list[torch.fx.Node]:
+    """A region's writes seen through: the operands whose memory a node of the body writes (as if inlined)."""
+    body, operands = region
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        return _all_received(node)
+    keys: dict = {}
+    for placeholder, operand in zip(placeholders, operands):
+        value = example_value(placeholder)
+        if isinstance(value, torch.Tensor):
+            keys.setdefault(storage_id(value), []).append(operand)
+    written: list[torch.fx.Node] = []
+    for inner in body.graph.nodes:
+        for target in written_by(inner):
+            if not _may_hold_memory(target):
+                continue
+            key = _key(example_value(target))
+            if key is None:
+                return _all_received(node)  # a write to memory we cannot place: every operand
+            written.extend(o for o in keys.get(key, []) if isinstance(o, torch.fx.Node))
+    return written
+
+
 def written_by(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The graph values whose memory `node` may write in place (empty only for a node known to be pure)."""
     if node.op in ("placeholder", "get_attr", "output"):
@@ -166,6 +204,9 @@ def written_by(node: torch.fx.Node) -> list[torch.fx.Node]:
         return _overload_writes(node, target._schema) + _tensors_in(node.kwargs.get("out"))
     if isinstance(target, torch._ops.OpOverloadPacket):
         return _packet_writes(node, target)
+    region = region_body(node)
+    if region is not None:
+        return _region_writes(node, region)
     check = PURE_FUNCTIONS.get(target)
     if check is not None:
         return [] if check(node) else _all_received(node)

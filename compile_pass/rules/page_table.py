@@ -43,6 +43,7 @@ from .._compat import example_value, fake_mode_of, placeholder_source_name
 from ..consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer, schema_argument_names
 from ..find_sync_points import SyncPoint, attribute_name
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
+from ..mutations import WriteLog, region_body
 from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM_SIZE, arange_step, as_gather,
                          ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor, is_value_cast,
                          is_narrowing, min_clamp, page_count, scalar_add, strip_kept_values,
@@ -68,7 +69,9 @@ class ConsumerGroup:
     """Consumers of one page table that guard by the same lengths node: one rebuilt table serves them."""
 
     lengths: torch.fx.Node
-    consumers: tuple  # ((consumer node, SelfGuardingConsumer, the node it received: table or a cast of it), ...)
+    # ((consumer node, SelfGuardingConsumer, the node it received: table or a cast of it, the compiled-region
+    # call it sits in or None), ...); a consumer in a region is a node of the region's body
+    consumers: tuple
     length_offset: int  # lengths = (values the max was taken over) + length_offset
 
 
@@ -84,6 +87,9 @@ class GatherPlan:
     terminal: torch.fx.Node  # the finished table (consumers get it, or a value-keeping cast of it)
     max_pages: int
     page_level: bool = False  # the table holds page ids, sliced by a page count (m + ps - 1) // ps
+    # (compiled-region call, argument index) where Dynamo passes the table's width into a region: the width
+    # becomes max_pages there
+    width_operands: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +185,7 @@ class _Walk:
         self.gathers, self.bounds, self.offsets, self.swaps, self.checks, self.escapes = [], [], [], [], [], []
         self.producers = []  # (producer node, entry, [argument names], offset, relation)
         self.narrowed = False  # the table chain passed an int64 -> int32 cast
+        self.width_operands: list = []  # (region call, argument index) receiving the table's width
         self.disjoint: set = set()
 
     # -- lengths: the values a consumer guards by ---------------------------------------------------------
@@ -306,6 +313,17 @@ class _Walk:
     def bookkeeping_of(self, sym: torch.fx.Node, most: int, of: torch.fx.Node) -> list[torch.fx.Node]:
         found = [sym]
         for user in sym.users:
+            region = region_body(user)
+            if region is not None:  # Dynamo passes the dynamic width into the region: unused there, it goes
+                body, operands = region
+                placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+                for i, operand in enumerate(operands):
+                    if operand is sym:
+                        if i >= len(placeholders) or placeholders[i].users:
+                            raise Unsafe("table_size_read", f"the page table's width is used inside the compiled "
+                                                            f"region {describe_use(user)}")
+                        self.width_operands.append((user, 2 + i))
+                continue
             if arange_step(user, of) is not None:
                 for index in user.users:  # the strided column index must serve only `of[:, index]`
                     if column_step(index, of) is None and not (index.op == "output" and self.static_escapes):
@@ -369,7 +387,9 @@ class _Walk:
                     continue
                 entry = _consumer_of(user)
                 if entry is not None:
-                    consumers.append((user, entry, node))
+                    consumers.append((user, entry, node, None))
+                elif region_body(user) is not None:
+                    consumers += self.region_consumers(user, node)
                 else:
                     nexts.append(user)
             nxt = nexts[0] if len(nexts) == 1 and not consumers and not escapes else None
@@ -410,7 +430,7 @@ class _Walk:
         if self.page_size_option is not None and step != self.page_size_option:
             raise Unsafe("page_size", f"the gather's page size {step} differs from "
                                       f"options['page_size']={self.page_size_option}")
-        if escapes and any(via is not node for _, _, via in consumers):
+        if escapes and any(via is not node for _, _, via, call in consumers if call is None):
             raise Unsafe("table_use", "the page table leaves the graph in another form than its consumers get it")
         table_pages = width if page_level is not None else ceil_div(width, step)
         max_pages = max(1, min(ceil_div(self.bound + offset, step), table_pages))
@@ -424,7 +444,7 @@ class _Walk:
         window_start = self.ctx.first(chain)
         groups: dict[torch.fx.Node, list] = {}
         offsets: dict[torch.fx.Node, int] = {}
-        for consumer_node, entry, via in sorted(consumers, key=lambda c: self.ctx.index(c[0])):
+        for consumer_node, entry, via, call in sorted(consumers, key=lambda c: self.ctx.index(c[3] or c[0])):
             args = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
             names = [k for k, v in args.items() if v is via]
             if entry.page_table is None or names != [entry.page_table]:
@@ -432,25 +452,86 @@ class _Walk:
                                                "page-table argument")
             if page_level is not None:
                 self.check_page_size(consumer_node, entry, page_level)
-            lengths, k = self.relate(consumer_node, entry, offset)
+            if call is None:
+                lengths, k = self.relate(consumer_node, entry, offset)
+            else:
+                lengths, k = self.relate_in_region(consumer_node, entry, offset, call, via)
             lv = example_value(lengths)
             if getattr(lv, "ndim", 0) != 1 or lv.shape[0] != rows or lv.device != tv.device \
                     or row_device != tv.device:
                 raise Unsafe("mismatch", f"{entry.name}'s {entry.lengths} {tuple(getattr(lv, 'shape', ()))} on "
                                          f"{getattr(lv, 'device', '?')} does not match the {rows} rows of the token "
                                          f"table on {tv.device}")
-            self.ctx.check_no_writes(consumer_node, [table, rpi], "the token table or the request indices",
+            self.ctx.check_no_writes(call or consumer_node, [table, rpi], "the token table or the request indices",
                                      window_start, self.disjoint)
             if dtype_of(via) != torch.int32:
                 raise Unsafe("wide_table", f"{entry.name} receives an {dtype_of(via)} page table; the page-table op "
                                            "builds int32, which would truncate values of 2**31 and more")
             self.check_outputs_keep(consumer_node, entry, via, max_pages)
-            groups.setdefault(lengths, []).append((consumer_node, entry, via))
+            groups.setdefault(lengths, []).append((consumer_node, entry, via, call))
             offsets[lengths] = k
         self.gathers.append(GatherPlan(
             tuple(chain), tuple(ConsumerGroup(lengths, tuple(members), offsets[lengths])
                                 for lengths, members in groups.items()),
-            table, rpi, step, offset, tuple(bookkeeping), node, max_pages, page_level is not None))
+            table, rpi, step, offset, tuple(bookkeeping), node, max_pages, page_level is not None,
+            tuple(self.width_operands)))
+        self.width_operands = []
+
+    # -- compiled regions (nested_compile_region -> invoke_subgraph): seen through, as if inlined ---------------
+    def region_consumers(self, call: torch.fx.Node, table: torch.fx.Node) -> list[tuple]:
+        """The consumers inside a region that the table reaches: (inner consumer, facts, inner value, call)."""
+        body, operands = region_body(call)
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        found = []
+        for i, operand in enumerate(operands):
+            if operand is not table:
+                continue
+            if i >= len(placeholders):
+                raise Unsafe("table_use", f"the page table reaches {describe_use(call)}, whose body does not match")
+            inner = placeholders[i]
+            for user in inner.users:
+                entry = _consumer_of(user)
+                if entry is not None:
+                    found.append((user, entry, inner, call))
+                    continue
+                if user.op == "call_method" and value_kept_input(user) is inner:
+                    for consumer in user.users:
+                        entry = _consumer_of(consumer)
+                        if entry is None:
+                            raise why_not(consumer, "the page table (inside a compiled region)")
+                        found.append((consumer, entry, user, call))
+                    continue
+                raise why_not(user, "the page table (inside a compiled region)")
+        if not found:
+            raise Unsafe("table_use", f"the page table reaches {describe_use(call)} and no consumer inside it")
+        return found
+
+    def relate_in_region(self, inner_consumer, entry: SelfGuardingConsumer, offset: int, call, inner_table):
+        """Lengths of a consumer inside a region: value-keeping casts of a body input, which is an operand of
+        the call; related to the max outside. Writes inside the body before the consumer count too."""
+        body, operands = region_body(call)
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        inner_lengths = bind_arguments(entry.name, inner_consumer.args, inner_consumer.kwargs).get(entry.lengths)
+        root, _ = strip_kept_values(inner_lengths, allow_moves=True, allow_narrowing=True) \
+            if isinstance(inner_lengths, torch.fx.Node) else (None, [])
+        if root is None or root not in placeholders:
+            raise Unsafe("lengths_differ", f"{entry.name}'s {entry.lengths} inside the compiled region "
+                                           f"{describe_use(call)} is not an input of the region (through casts)")
+        outer = operands[placeholders.index(root)]
+        inner_log = WriteLog(body.graph)
+        table_input = inner_table if inner_table in placeholders else inner_table.args[0]
+        writer = inner_log.first_write([root, table_input], next(iter(body.graph.nodes)), inner_consumer)
+        if writer is not None:
+            raise Unsafe("written", f"the lengths or the page table may be written in place by "
+                                    f"{describe_use(writer)} inside the compiled region, before its consumer")
+        rel = self.ctx.relate_lengths(self.point.source, outer, f"{entry.name}'s {entry.lengths}")
+        if rel.offset > offset:
+            raise Unsafe("lengths_exceed", f"{entry.name}'s {entry.lengths} exceed the max by {rel.offset} but "
+                                           f"the bound adds only {offset}")
+        self.ctx.check_no_writes(call, [self.source_root, *self.source_chain, rel.root, *rel.chain, outer],
+                                 "the lengths", self.ctx.first([self.first, *rel.chain, *self.source_chain]),
+                                 self.disjoint)
+        return outer, rel.offset
 
     def check_outputs_keep(self, consumer_node, entry: SelfGuardingConsumer, via: torch.fx.Node, max_pages: int):
         """The consumer, run on fake tensors with the static table (in the dtype eager gave it), must return what
@@ -512,7 +593,7 @@ class _Walk:
             entry = _consumer_of(user)
             if entry is None:
                 raise why_not(user, "the page table")
-            found.append((user, entry, cast))
+            found.append((user, entry, cast, None))
         return found
 
     def is_final_truncation(self, cast: torch.fx.Node, table: torch.fx.Node) -> bool:
@@ -540,7 +621,7 @@ class _Walk:
         their metadata argument), all with one static table capacity, which becomes the producer's bound and
         theirs: FA3's split-KV combine reads out of bounds when the two disagree."""
         consumers = {c: (entry, plan) for plan in self.gathers for group in plan.groups
-                     for c, entry, _ in group.consumers}
+                     for c, entry, _, call in group.consumers if call is None}
         for producer, entry, names, offset, lengths, k in self.producers:
             capacities = set()
             stores_table = any(e.what in ("table", "columns") for e in self.escapes)
@@ -573,7 +654,8 @@ class _Walk:
         touches = set(self.point.nodes) | set(self.offsets)
         for g in self.gathers:
             touches |= set(g.chain) | set(g.bookkeeping)
-            touches |= {c for group in g.groups for c, _, _ in group.consumers}
+            touches |= {call or c for group in g.groups for c, _, _, call in group.consumers}
+            touches |= {call for call, _ in g.width_operands}
         touches |= {b.consumer for b in self.bounds} | {c.compare for c in self.checks}
         return PageTablePlan(self.point, self.bound, bound_source, tuple(self.gathers), tuple(self.bounds),
                              tuple(self.offsets), tuple(self.swaps), tuple(self.checks), tuple(self.escapes),
@@ -691,7 +773,7 @@ class PageTableMax:
         tables: dict[torch.fx.Node, torch.fx.Node] = {}  # a plan's old terminal -> its first rebuilt table
         for gather in plan.gathers:
             for group in gather.groups:
-                first = group.consumers[0][0]
+                first = group.consumers[0][3] or group.consumers[0][0]  # the region call, for one inside
                 lengths = lengths_of.get((first, group.lengths), group.lengths)
                 page_size = gather.page_size
                 if gather.page_level:  # page ids already: copy ceil(length / ps) of them per row
@@ -710,8 +792,13 @@ class PageTableMax:
                                     (gather.req_to_token, rows, lengths, page_size, gather.max_pages,
                                      bool(options.checked)), gather.chain[0])
                 tables.setdefault(gather.terminal, table)
-                for consumer, entry, via in group.consumers:  # each received int32 in eager too (proven)
-                    _set_argument(consumer, entry.page_table, table)
+                for consumer, entry, via, call in group.consumers:  # each received int32 in eager too (proven)
+                    if call is None:
+                        _set_argument(consumer, entry.page_table, table)
+                    else:  # inside a region: the call's operand becomes the static table
+                        call.args = tuple(table if a is gather.terminal else a for a in call.args)
+            for call, index in gather.width_operands:
+                call.update_arg(index, gather.max_pages)
                 checks.setdefault((lengths_of.get((first, group.lengths), group.lengths),
                                    plan.bound + group.length_offset), first)
             dead += list(gather.bookkeeping) + list(gather.chain)
