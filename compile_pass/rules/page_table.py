@@ -42,7 +42,7 @@ import torch.fx
 from .._compat import example_value, fake_mode_of, placeholder_source_name
 from ..consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer, schema_argument_names
 from ..find_sync_points import SyncPoint, attribute_name
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
+from ..fx_util import erase_if_dead, insert_call, insert_device_assert, insert_value_assert, node_location
 from ..mutations import WriteLog, region_body
 from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM_SIZE, arange_step, as_gather,
                          ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor, is_value_cast,
@@ -464,9 +464,10 @@ class _Walk:
                                          f"table on {tv.device}")
             self.ctx.check_no_writes(call or consumer_node, [table, rpi], "the token table or the request indices",
                                      window_start, self.disjoint)
-            if dtype_of(via) != torch.int32:
-                raise Unsafe("wide_table", f"{entry.name} receives an {dtype_of(via)} page table; the page-table op "
-                                           "builds int32, which would truncate values of 2**31 and more")
+            if dtype_of(via) != torch.int32 and (dtype_of(table) != torch.int32 or call is not None):
+                raise Unsafe("wide_table", f"{entry.name} receives an {dtype_of(via)} page table of an "
+                                           f"{dtype_of(table)} token table; the page-table op builds int32, which "
+                                           "would truncate values of 2**31 and more")
             self.check_outputs_keep(consumer_node, entry, via, max_pages)
             groups.setdefault(lengths, []).append((consumer_node, entry, via, call))
             offsets[lengths] = k
@@ -792,15 +793,25 @@ class PageTableMax:
                                     (gather.req_to_token, rows, lengths, page_size, gather.max_pages,
                                      bool(options.checked)), gather.chain[0])
                 tables.setdefault(gather.terminal, table)
-                for consumer, entry, via, call in group.consumers:  # each received int32 in eager too (proven)
+                cast_to: dict = {}
+                for consumer, entry, via, call in group.consumers:
+                    given = table
+                    if call is None and dtype_of(via) != torch.int32:
+                        # An int32 token table widened on the way: the consumer gets the dtype eager gave it
+                        # (the values fit, proven above).
+                        if via not in cast_to:
+                            cast_to[via] = insert_call(graph, consumer, torch.ops.aten._to_copy.default, (table,),
+                                                       via, dtype=dtype_of(via))
+                        given = cast_to[via]
                     if call is None:
-                        _set_argument(consumer, entry.page_table, table)
+                        _set_argument(consumer, entry.page_table, given)
                     else:  # inside a region: the call's operand becomes the static table
                         call.args = tuple(table if a is gather.terminal else a for a in call.args)
+                # before the table: the bound's own assertion speaks first (the op checks its capacity too)
+                checks.setdefault((lengths_of.get((first, group.lengths), group.lengths),
+                                   plan.bound + group.length_offset), table)
             for call, index in gather.width_operands:
                 call.update_arg(index, gather.max_pages)
-                checks.setdefault((lengths_of.get((first, group.lengths), group.lengths),
-                                   plan.bound + group.length_offset), first)
             dead += list(gather.bookkeeping) + list(gather.chain)
             level = ", from a page-level table" if gather.page_level else ""
             parts.append(f"page table -> syncfree.page_table width {gather.max_pages} (page_size "
@@ -812,16 +823,20 @@ class PageTableMax:
                                   b.consumer)
             parts.append(f"{b.argument} -> {b.value}")
         parts.append(f"bound {plan.bound} ({plan.bound_source})")
-        if options.checked:
-            for (lengths, limit), before in checks.items():
-                # Lengths narrowed (int64 -> int32) keep their values only in int32's range: assert it on the
-                # wide values, where eager's max read them.
-                wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
-                narrowed = any(is_narrowing(n) for n in passed)
-                insert_device_assert(graph, before, wide if narrowed else lengths, limit,
+        for (lengths, limit), before in checks.items():
+            wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
+            if any(is_narrowing(n) for n in passed):
+                # Lengths narrowed (int64 -> int32) keep the relation the proof rests on, that no consumer length
+                # exceeds what eager's max covered, only while they fit: assert it on the device (always: it is
+                # the proof's premise, not a bound check), against the max of the wide values (no host read).
+                insert_value_assert(graph, before, lengths, wide,
+                                    f"syncfree: lengths narrowed to int32 at {node_location(before)} exceed the max "
+                                    "of the values they were narrowed from (they do not fit int32)")
+            if options.checked:
+                insert_device_assert(graph, before, lengths, limit,
                                      f"syncfree: a sequence length exceeds the static bound that replaced its max "
-                                     f"({plan.bound_source}) at {node_location(before)}",
-                                     low=-(2 ** 31) if narrowed else None)
+                                     f"({plan.bound_source}) at {node_location(before)}")
+        if options.checked and checks:
             parts.append("lengths asserted on the device")
         for check in plan.checks:
             insert_device_assert(graph, check.compare, check.lengths, check.limit,
