@@ -21,6 +21,10 @@
 #   tp         on 2 GPUs: the TP tests, decode_step_tp.py at TP=2 ($TP_ARGS) and the TP=1 baseline
 #   fa4-stash  keep the first half of FA4's wheels (.whl/, carried) in /root/w for the next call
 #   fa4        join the halves (.whl2/, carried now), install FA4 into /tmp/site and run its GPU test
+#   sglang-fa3 SGLang 0.5.23's own FA3 decode path compiled through the backend (benchmarks/sglang_fa3_gpu.py):
+#              installs the wheels of .whl-sglang/ (carried: sglang and the small packages the H200 image
+#              lacks, see tests/sglang/README-gpu.md) into /tmp/sgl and runs the script with tests/sglang (the
+#              harness and the sgl_kernel stand-ins) on PYTHONPATH; $SGL_ARGS go to the script
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -131,6 +135,13 @@ for stage in "$@"; do
       timeout 120 python -P -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k fa4 > "$OUT/fa4_test.log" 2>&1
       echo "fa4 test rc=$?" >> "$OUT/fa4_test.log"
       tail -n 2 "$OUT/fa4_test.log"
+      ;;
+    sglang-fa3)
+      python -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl .whl-sglang/*.whl \
+        > "$OUT/sglang_install.log" 2>&1 || { echo "sglang-fa3: install failed"; tail -n 5 "$OUT/sglang_install.log"; }
+      # shellcheck disable=SC2086
+      PYTHONPATH=/tmp/sf:/tmp/sgl:$PWD/tests/sglang TAIL=30 bench "${SGL_LIMIT:-420}" sglang_fa3_gpu sglang_fa3_gpu.py \
+        ${SGL_ARGS:-} --json "$OUT/sglang_fa3_gpu.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

@@ -12,6 +12,12 @@ Two documented patches, both applied by `setup()`:
     raises before reaching the kernel. The harness replaces it with `lambda *a, **k: True`.
   * `SGLANG_USE_SGL_FA3_KERNEL=1`, so `_load_fa3_kernels` takes the sgl_kernel wrappers instead of asking the
     Hugging Face kernel hub (no network, and PyPI's `kernels` is not installed).
+On a CUDA machine (`setup(device="cuda")`, benchmarks/sglang_fa3_gpu.py), one more:
+  * `memory_pool.can_use_store_cache` -> False: on CUDA, MHATokenToKVPool.set_kv_buffer would JIT-build SGLang's
+    store_cache kernel (sglang.kernels.jit, tvm_ffi); the patch makes it take its own plain indexed-write
+    fallback (`k_cache[loc] = k`), which it uses wherever that kernel does not apply.
+  and the packages that placeholders.py stands in for may be installed for real there (torchvision and aiohttp
+  are, on the H200 image): the real ones are used, placeholders only for the others.
 A third one, only for the ragged-verify case that asks for it (`traceable_ragged_geometry=True`): SGLang's
 `build_ragged_target_verify_geometry` returns a msgspec.Struct, which Dynamo cannot construct (graph break);
 `ragged_geometry_shim` is the same function returning a dataclass with the same fields.
@@ -53,10 +59,13 @@ def sglang_available() -> str | None:
     return None
 
 
-def setup():
-    """Idempotent: stand-ins on sys.path, placeholders, the two patches, SGLang's single-rank runtime context."""
+def setup(device: str = "cpu"):
+    """Idempotent: stand-ins on sys.path, placeholders, the two patches, SGLang's single-rank runtime context.
+    `device="cuda"` (the first call decides): the CUDA patch above, and real packages where placeholders.py has
+    stand-ins for them."""
     if _SETUP:
         return _SETUP["modules"]
+    cuda = str(device).startswith("cuda")
     os.environ.setdefault("SGLANG_USE_SGL_FA3_KERNEL", "1")
     if str(STANDINS) not in sys.path:
         sys.path.insert(0, str(STANDINS))
@@ -64,7 +73,7 @@ def setup():
         sys.path.insert(0, str(HERE))
     import placeholders
 
-    placeholders.install()
+    placeholders.install(allow_installed=cuda)
     import sgl_kernel  # the stand-in
 
     if not str(getattr(sgl_kernel, "__file__", "")).startswith(str(STANDINS)):
@@ -80,6 +89,10 @@ def setup():
     from sglang.srt.configs.model_config import AttentionArch
 
     flash_attention_v3._is_fa3_supported = lambda *a, **k: True  # patch 1 (documented above)
+    if cuda:
+        from sglang.srt.mem_cache import memory_pool
+
+        memory_pool.can_use_store_cache = lambda *a, **k: False  # the CUDA patch (documented above)
     get_parallel().override(attn_tp_size=1, attn_dcp_rank=0).__enter__()  # single rank, no torch.distributed
     modules = SimpleNamespace(fab=fab, fa3=flash_attention_v3, RadixAttention=RadixAttention,
                               MHATokenToKVPool=MHATokenToKVPool, ReqToTokenPool=ReqToTokenPool,
@@ -87,6 +100,7 @@ def setup():
                               ragged_verify=ragged_verify, AttentionArch=AttentionArch)
     _SETUP["modules"] = modules
     _SETUP["override"] = None
+    _SETUP["device"] = device
     return modules
 
 
@@ -200,12 +214,13 @@ class Path:
 class Engine:
     """One FlashAttentionBackend over SGLang's pools, 2 layers of q/k/v/o projections, and the compiled step."""
 
-    def __init__(self, path: Path, seed: int = 0):
-        m = self.m = setup()
+    def __init__(self, path: Path, seed: int = 0, device: str = "cpu"):
+        m = self.m = setup(device)
         self.path = path
+        self.device = device
         install_server_args(**path.spec)
         is_draft = path.mode in ("draft_decode", "draft_extend")
-        self.runner = FakeModelRunner(path.page_size, is_draft_worker=is_draft)
+        self.runner = FakeModelRunner(path.page_size, is_draft_worker=is_draft, device=device)
         kwargs = {}
         if path.mode == "draft_decode":
             kwargs = dict(speculative_step_id=path.step_id, speculative_num_steps=path.num_steps)
@@ -217,13 +232,14 @@ class Engine:
                    for n, o in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM))}
                   | {"o": torch.randn(HEADS * HEAD_DIM, HIDDEN, generator=gen) / HIDDEN ** 0.5}
                   for _ in range(LAYERS)]
+        self.w = [{n: t.to(device) for n, t in w.items()} for w in self.w]
         self._fill_pool(gen)
 
     def _fill_pool(self, gen):
         pool = self.runner.token_to_kv_pool
         for i in range(LAYERS):
             k, v = pool.get_kv_buffer(i)
-            k.copy_(torch.randn(k.shape, generator=gen))
+            k.copy_(torch.randn(k.shape, generator=gen))  # drawn on the CPU, the same values on any device
             v.copy_(torch.randn(v.shape, generator=gen))
 
     # -- the function that is compiled: SGLang's metadata builder, then each layer's attention
@@ -257,8 +273,9 @@ class Engine:
         total_pages = (MAX_REQUESTS + 1) * MAX_CONTEXT // ps
         page_ids = list(range(1, total_pages))  # page 0 holds slot 0, SGLang's padding slot
         rng.shuffle(page_ids)
-        r2t = self.runner.req_to_token_pool.req_to_token
-        r2t.zero_()
+        dev = self.device
+        r2t_dev = self.runner.req_to_token_pool.req_to_token
+        r2t = torch.zeros(r2t_dev.shape, dtype=r2t_dev.dtype)  # built on the CPU, copied to the pool below
         rows = rng.sample(range(1, MAX_REQUESTS + 1), batch)
         for n, r in enumerate(rows):
             mine = torch.tensor(page_ids[n * pages_per_req:(n + 1) * pages_per_req], dtype=torch.int64)
@@ -293,20 +310,22 @@ class Engine:
             positions = pos.reshape(-1)
             out_loc = r2t[rpi.repeat_interleave(q_per_req), positions].to(torch.int64)
             tokens = batch * q_per_req
+        r2t_dev.copy_(r2t)
         fb = m.ForwardBatch(
-            forward_mode=fm, batch_size=batch, input_ids=torch.zeros(tokens, dtype=torch.int64),
-            req_pool_indices=rpi, seq_lens=seq, out_cache_loc=out_loc, seq_lens_sum=int(seq.sum()),
-            seq_lens_cpu=seq.clone() if path.mirror else None, positions=positions)
+            forward_mode=fm, batch_size=batch, input_ids=torch.zeros(tokens, dtype=torch.int64, device=dev),
+            req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), out_cache_loc=out_loc.to(dev),
+            seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone() if path.mirror else None,
+            positions=positions.to(dev))
         self.runner.kv_index_translator.bind_own_plan(fb)
         fb.spec_info = self._spec_info(fb, batch, verify if mode == "ragged_verify" else None)
         if mode == "draft_extend":
-            fb.extend_seq_lens = torch.full((batch,), q_per_req, dtype=torch.int32)
+            fb.extend_seq_lens = torch.full((batch,), q_per_req, dtype=torch.int32, device=self.device)
             fb.extend_seq_lens_cpu = [q_per_req] * batch
-            fb.extend_prefix_lens = (seq - q_per_req).to(torch.int32)
+            fb.extend_prefix_lens = (seq - q_per_req).to(torch.int32).to(self.device)
             fb.extend_prefix_lens_cpu = [int(x) - q_per_req for x in lengths]
             fb.extend_num_tokens = tokens
         gen = torch.Generator().manual_seed(seed)
-        hidden = torch.randn(tokens, HIDDEN, generator=gen)
+        hidden = torch.randn(tokens, HIDDEN, generator=gen).to(dev)
         return fb, hidden
 
     def _spec_info(self, fb, batch, verify):

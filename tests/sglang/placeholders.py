@@ -80,7 +80,12 @@ class PlaceholderFinder(importlib.abc.MetaPathFinder):
 _FINDER = PlaceholderFinder()
 
 
-def install() -> None:
+def install(allow_installed: bool = False) -> None:
+    """Append the finder. A root installed for real is an error, unless `allow_installed` (the GPU machine has
+    torchvision and aiohttp): then the real package is used and only the missing roots get placeholders (the
+    finder is after the real finders, so a real package wins anyway)."""
+    if _FINDER in sys.meta_path:
+        return
     for root in PLACEHOLDER_ROOTS:
         try:
             import importlib.util
@@ -88,7 +93,7 @@ def install() -> None:
             spec = importlib.util.find_spec(root)
         except (ImportError, ValueError):
             spec = None
-        if spec is not None and spec.origin != "tests/sglang/placeholders.py (stand-in)":
+        if spec is not None and spec.origin != "tests/sglang/placeholders.py (stand-in)" and not allow_installed:
             raise RuntimeError(f"{root} is installed for real; the SGLang harness expects its stand-in")
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)  # after the real finders: an installed package would win

@@ -99,3 +99,49 @@ def test_stand_in_ops_carry_the_real_argument_names(sglang_fa3):
                          "headdim_v", "qkv_dtype", "seqused_k"]
     exact = [a.name for a in torch.ops.sgl_kernel_exact.fwd.default._schema.arguments]
     assert exact == fwd
+
+
+# -- the CUDA implementations (standins/sgl_kernel/cuda_ops.py), run here on CPU tensors ---------------------
+def test_cuda_scheduler_metadata_equals_the_cpu_one(fa):
+    import random
+
+    from sgl_kernel import cuda_ops, flash_ops
+
+    rng = random.Random(0)
+    for _ in range(60):
+        b, ps, hk = rng.randint(1, 9), rng.choice([1, 16, 64]), rng.choice([1, 2, 8])
+        h = hk * rng.choice([1, 4])
+        lens = torch.tensor([rng.randint(0, 5000) for _ in range(b)], dtype=torch.int32)
+        args = (b, 1, int(lens.max()) + rng.randint(0, 3000), h, hk, 64, 64, torch.float16, lens, None, None, None,
+                None, None, ps)
+        splits = rng.choice([0, 0, 1, 4])
+        assert torch.equal(flash_ops.get_scheduler_metadata_impl(*args, num_splits=splits),
+                           cuda_ops.get_scheduler_metadata_device(*args, num_splits=splits))
+
+
+def test_cuda_fwd_equals_the_cpu_one_and_asserts_on_the_device(fa):
+    from sgl_kernel import cuda_ops, flash_ops
+
+    k, v = _cache(page_size=4, pages=40, hk=2, d=8)
+    q = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(1))
+    table = torch.randperm(40, generator=torch.Generator().manual_seed(2))[:30].view(3, 10).to(torch.int32)
+    lens = torch.tensor([1, 17, 40], dtype=torch.int32)
+    cu = torch.arange(4, dtype=torch.int32)
+
+    def md(max_k, lengths=lens):
+        return flash_ops.get_scheduler_metadata_impl(3, 1, max_k, 4, 2, 8, 8, torch.float32, lengths, cu, None,
+                                                     None, None, None, 4)
+
+    def args(tbl, m):
+        return (q, k, v, None, None, None, None, cu, None, None, None, lens, 1, None, tbl, None, None, None, None,
+                None, None, None, None, 0.3, True, -1, -1, 0, 0.0, False, m, 0, None, 0, None, None, False)
+
+    want = flash_ops.fwd_impl(*args(table, md(40)))[0]
+    got = cuda_ops.fwd_paged_decode(*args(table, md(40)))[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    bad_page = table.masked_fill(table == table[2, 9], 99)
+    stale = md(8, torch.tensor([1, 2, 8], dtype=torch.int32))
+    for case, match in ((args(table[:, :5], None), "more pages than the page table"),
+                        (args(bad_page, None), "out of range"), (args(table, stale), "stale")):
+        with pytest.raises(RuntimeError, match=match):  # torch._assert_async: at once on the CPU
+            cuda_ops.fwd_paged_decode(*case)

@@ -5,11 +5,22 @@ reaches: `sgl_kernel.flash_attn` (flash_attn_with_kvcache, flash_attn_varlen_fun
 the stand-in ops `sgl_kernel::fwd` / `sgl_kernel::get_scheduler_metadata`, see flash_ops.py) and
 `merge_state_v2` (the cascade merge, exact). Any other name SGLang imports at module level is a placeholder that
 raises NotImplementedError when called, so a path that needs a missing kernel fails loudly.
+
+On a CUDA machine SGLang takes its CUDA import branches (`from sgl_kernel.quantization import ...` and the
+like, at module level): there every `sgl_kernel.<sub>` that this package does not have is a placeholder module
+whose attributes raise NotImplementedError when called (`_SubmoduleFinder`, installed only where
+torch.cuda.is_available(); on CPU such an import stays an ImportError, as before). The CUDA implementations of
+the two FA3 ops are in cuda_ops.py.
 """
 
 from __future__ import annotations
 
 import torch
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 
 from sgl_kernel import flash_ops  # noqa: F401
 
@@ -43,3 +54,49 @@ def __getattr__(name):
 
     _missing.__name__ = name
     return _missing
+
+
+class _MissingType(type):
+    """A placeholder kernel: calling it raises; its attributes are placeholders too (`scalar_types.uint4b8`)."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _missing_kernel(f"{cls._qualname}.{name}")
+
+    def __call__(cls, *args, **kwargs):
+        raise NotImplementedError(f"sgl_kernel stand-in: {cls._qualname} is not implemented")
+
+
+def _missing_kernel(qualname):
+    return _MissingType(qualname.rsplit(".", 1)[-1], (), {"_qualname": qualname})
+
+
+class _PlaceholderSubmodule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _missing_kernel(f"{self.__name__}.{name}")
+
+
+class _SubmoduleLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return _PlaceholderSubmodule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+class _SubmoduleFinder(importlib.abc.MetaPathFinder):
+    """`sgl_kernel.<anything>` not in this package: a placeholder module (after the real finders)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(__name__ + "."):
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _SubmoduleLoader(), is_package=True)
+        spec.origin = "sgl_kernel stand-in placeholder"
+        return spec
+
+
+if torch.cuda.is_available() and not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_SubmoduleFinder())

@@ -342,18 +342,32 @@ _LIB = None
 
 
 def register() -> None:
-    """Define the two ops (once per process) with their CPU and fake (meta) implementations."""
+    """Define the two ops (once per process) with their CPU, CUDA and fake (meta) implementations.
+
+    CUDA: cuda_ops.py's (paged decode through torch.ops.syncfree.paged_decode, scheduler metadata computed on
+    the device, contract checks as device-side asserts). SGL_KERNEL_STANDIN_CPU=paged_decode registers those for
+    the CPU key too, in place of this file's (a CPU dry run of the GPU path: benchmarks/sglang_fa3_gpu.py
+    --device cpu)."""
     global _LIB
     if _LIB is not None or hasattr(torch.ops.sgl_kernel, "fwd"):
         return
+    import os
+
+    from sgl_kernel import cuda_ops
+
+    cpu_fwd, cpu_sched = fwd_impl, get_scheduler_metadata_impl
+    if os.environ.get("SGL_KERNEL_STANDIN_CPU") == "paged_decode":
+        cpu_fwd, cpu_sched = cuda_ops.fwd_paged_decode, cuda_ops.get_scheduler_metadata_device
     libs = []
     for ns, fwd_schema, sched_schema in (("sgl_kernel", FWD_SCHEMA_TRACEABLE, SCHEDULER_SCHEMA_TRACEABLE),
                                          (EXACT_NAMESPACE, FWD_SCHEMA, SCHEDULER_SCHEMA)):
         lib = torch.library.Library(ns, "DEF")
         lib.define(fwd_schema)
         lib.define(sched_schema)
-        lib.impl("fwd", fwd_impl, "CPU")
-        lib.impl("get_scheduler_metadata", get_scheduler_metadata_impl, "CPU")
+        lib.impl("fwd", cpu_fwd, "CPU")
+        lib.impl("get_scheduler_metadata", cpu_sched, "CPU")
+        lib.impl("fwd", cuda_ops.fwd_paged_decode, "CUDA")
+        lib.impl("get_scheduler_metadata", cuda_ops.get_scheduler_metadata_device, "CUDA")
         torch.library.register_fake(f"{ns}::fwd", fwd_fake, lib=lib)
         torch.library.register_fake(f"{ns}::get_scheduler_metadata", get_scheduler_metadata_fake, lib=lib)
         libs.append(lib)
