@@ -276,3 +276,20 @@ def no_compile_caches():
     aot = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with config.patch(fx_graph_cache=False), functorch_config.patch(**aot):
         yield
+
+
+def user_triton_kernel(node: torch.fx.Node):
+    """(kernel, constant args) of a `triton_kernel_wrapper_mutation` node: the user's @triton.jit kernel (or its
+    autotuner) that the node launches, from torch's kernel side table, and the arguments Dynamo kept there
+    (constexprs, None, non-tensor constants) by parameter name. None for any other node."""
+    hop = getattr(torch.ops.higher_order, "triton_kernel_wrapper_mutation", None)
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or hop is None or node.target is not hop:
+        return None
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    try:
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        constants = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
+    except (AssertionError, KeyError):
+        return None
+    return kernel, dict(constants)
