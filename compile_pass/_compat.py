@@ -281,3 +281,19 @@ def no_compile_caches():
 def invoke_subgraph_op():
     """The higher-order op a `torch.compiler.nested_compile_region` call becomes in a Dynamo graph (or None)."""
     return getattr(torch.ops.higher_order, "invoke_subgraph", None)
+
+def user_triton_kernel(node: torch.fx.Node):
+    """(kernel, constant args) of a `triton_kernel_wrapper_mutation` node: the user's @triton.jit kernel (or its
+    autotuner) that the node launches, from torch's kernel side table, and the arguments Dynamo kept there
+    (constexprs, None, non-tensor constants) by parameter name. None for any other node."""
+    hop = getattr(torch.ops.higher_order, "triton_kernel_wrapper_mutation", None)
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or hop is None or node.target is not hop:
+        return None
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    try:
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        constants = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
+    except (AssertionError, KeyError):
+        return None
+    return kernel, dict(constants)

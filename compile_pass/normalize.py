@@ -316,3 +316,82 @@ def floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
             and nxt.kwargs.get("rounding_mode") == "floor":
         return value
     return None
+
+
+# -- allocated tables (the allocated-table rule) ----------------------------------------------------------
+#     m + c         torch.sym_sum([m, c]) | torch.sym_sum([c, m])  (Dynamo's spelling of `m + 63` on 2.13+) -> +c
+#     allocation    torch.full((B, n), fill) | torch.full([B, n], fill) | torch.empty((B, n)) | torch.empty(B, n)
+#                   | torch.zeros((B, n)) | torch.zeros(B, n)                          -> Allocation(rows, width)
+#     row stride    torch.sym_max(1, n) | max(1, n) (Dynamo's `t.stride(0)` of a [B, n] tensor) -> n
+def sum_add(user: torch.fx.Node, m: torch.fx.Node):
+    """c for `m + c` in any spelling: scalar_add's, and `torch.sym_sum([m, c1, c2, ...])` with int constants."""
+    c = scalar_add(user, m)
+    if c is not None:
+        return c
+    if user.op != "call_function" or user.target is not torch.sym_sum or len(user.args) != 1 or user.kwargs:
+        return None
+    terms = user.args[0]
+    if not isinstance(terms, (list, tuple)) or sum(1 for t in terms if t is m) != 1:
+        return None
+    rest = [t for t in terms if t is not m]
+    return sum(rest) if all(_int_const(t) for t in rest) else None
+
+
+ALLOCATORS = {torch.full: "full", torch.empty: "empty", torch.zeros: "zeros"}
+
+
+@dataclasses.dataclass
+class Allocation:
+    kind: str  # "full", "empty" or "zeros"
+    rows: object  # dim 0: an int or a graph node (a SymInt)
+    width: object  # dim 1
+    fill: object  # full's fill value (0 for zeros, None for empty)
+    spread: bool  # the size is spread over the arguments (`torch.empty(B, n)`), not one tuple
+
+
+def as_allocation(node) -> Allocation | None:
+    """A 2-D `torch.full` / `torch.empty` / `torch.zeros` allocation, or None (out= or a layout: None)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target not in ALLOCATORS:
+        return None
+    kind = ALLOCATORS[node.target]
+    if "out" in node.kwargs or "size" in node.kwargs or not node.args:
+        return None
+    args = list(node.args)
+    if isinstance(args[0], (tuple, list)):
+        size, rest, spread = list(args[0]), args[1:], False
+    elif kind != "full":
+        size, rest, spread = args, [], True
+    else:
+        return None
+    if len(size) != 2:
+        return None
+    fill = None
+    if kind == "full":
+        if len(rest) != 1 and "fill_value" not in node.kwargs:
+            return None
+        fill = rest[0] if rest else node.kwargs["fill_value"]
+    elif rest:
+        return None
+    elif kind == "zeros":
+        fill = 0
+    return Allocation(kind, size[0], size[1], fill, spread)
+
+
+def with_width(node: torch.fx.Node, width: int) -> tuple:
+    """The allocation's positional args with dim 1 replaced by `width`."""
+    alloc = as_allocation(node)
+    args = list(node.args)
+    if alloc.spread:
+        args[1] = width
+    else:
+        args[0] = type(args[0])([args[0][0], width])
+    return tuple(args)
+
+
+def row_stride_of(node, n: torch.fx.Node) -> bool:
+    """`torch.sym_max(1, n)` / `max(1, n)`: Dynamo's `t.stride(0)` of a contiguous [B, n] tensor."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+            or node.target not in (torch.sym_max, max) or len(node.args) != 2 or node.kwargs:
+        return False
+    a, b = node.args
+    return (_int_const(a) and a == 1 and b is n) or (_int_const(b) and b == 1 and a is n)

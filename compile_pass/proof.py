@@ -60,6 +60,13 @@ REASONS: dict[str, str] = {
     "mirror_upload": "a CPU mirror is copied to the device",
     "graph_break": "Dynamo broke the graph at a host read",
     "post_grad": "a host read found in the post-grad graph",
+    # the allocated-table rule (rules/allocated_table.py)
+    "writer_unknown": "the allocated table is written by a kernel with no bounded-writer facts",
+    "no_writer": "the allocated table is read before a bounded writer fills it",
+    "table_written": "the allocated table is written by something other than its bounded writer before a reader",
+    "width_use": "the allocated table's width is used by something other than the allocation and the writer's "
+                 "row stride",
+    "writer_grid": "the bounded writer's launch grid is not (rows of the table, 1, 1)",
 }
 
 
@@ -124,19 +131,26 @@ class ProofContext:
     def first(self, nodes):
         return min(nodes, key=self.index)
 
-    def check_no_writes(self, end: torch.fx.Node, protected, what: str, start, disjoint: set) -> None:
+    def check_no_writes(self, end: torch.fx.Node, protected, what: str, start, disjoint: set,
+                        allowed_writers=()) -> None:
         """Nothing strictly between `start` (None: the graph's start) and `end` may write any of `protected`
         or an alias of them. Graph inputs written in that window are added to `disjoint` as pairs with the
-        protected inputs: the proof assumes they never share memory, and the backend checks it per call."""
+        protected inputs: the proof assumes they never share memory, and the backend checks it per call.
+        `allowed_writers`: nodes the caller has proven write none of `protected` (a rule's facts say more than
+        the default-deny log, e.g. a registered bounded writer writes only its table); they are skipped."""
         protected = [p for p in protected if isinstance(p, torch.fx.Node)]
         start = start if start is not None else next(iter(self.graph.nodes))
         writer = self.writes.first_write(protected, start, end)
+        while writer is not None and writer in allowed_writers:
+            writer = self.writes.first_write(protected, writer, end)
         if writer is not None:
             raise Unsafe("written",
                          f"{what} may be written in place by {describe_use(writer)} between the max and the consumer "
                          f"at {node_location(end)}: the values would differ from what eager read")
         inputs = {self.writes.input_of(p) for p in protected} - {None}
-        for written in self.writes.written_inputs(start, end):
+        cuts = [start, *sorted((w for w in allowed_writers if self.index(start) < self.index(w) < self.index(end)),
+                               key=self.index), end]
+        for written in set().union(*(self.writes.written_inputs(a, b) for a, b in zip(cuts, cuts[1:]))):
             disjoint |= {(p, written) for p in inputs if p is not written}
 
     def relate_lengths(self, source: torch.fx.Node, lengths, who: str) -> LengthsRelation:

@@ -164,3 +164,29 @@ def test_no_compile_caches_turns_both_caches_off_and_restores_them():
     with _compat.no_compile_caches():
         assert config.fx_graph_cache is False and functorch_config.enable_autograd_cache is False
     assert (config.fx_graph_cache, functorch_config.enable_autograd_cache) == before
+
+
+def test_user_triton_kernel_reads_the_kernel_side_table():
+    """The one access to torch's kernel side table: which @triton.jit kernel a triton_kernel_wrapper_mutation node
+    launches, and the constant arguments Dynamo kept beside it."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    @triton.jit
+    def side_table_probe(x_ptr, N: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, N), 0)
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    hop = torch.ops.higher_order.triton_kernel_wrapper_mutation
+    node = graph.call_function(hop, (), {
+        "kernel_idx": kernel_side_table.add_kernel(side_table_probe),
+        "constant_args_idx": kernel_side_table.add_constant_args({"N": 4}), "grid": [(1, 1, 1)],
+        "tma_descriptor_metadata": {}, "kwargs": {"x_ptr": x}})
+    kernel, constants = _compat.user_triton_kernel(node)
+    assert kernel is side_table_probe and constants == {"N": 4}
+    assert _compat.user_triton_kernel(x) is None
+    assert _compat.user_triton_kernel(graph.call_function(torch.add, (x, 1))) is None

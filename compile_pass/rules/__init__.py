@@ -82,4 +82,5 @@ def rules_fingerprint() -> str:
     return h.hexdigest()
 
 
+from . import allocated_table  # noqa: E402,F401  (the allocated-table rule; first: the first match wins)
 from . import page_table  # noqa: E402,F401  (registers the page-table max rule)

@@ -1,0 +1,610 @@
+"""The allocated table: a page count `cdiv(max, ps)` sizes a table that a bounded user kernel fills per row.
+
+This is recipe 2 of issue 20 (FlashMLA, TRTLLM-MLA and aiter build their page tables this way): the width of an
+allocation comes from the host max, a user Triton kernel with registered facts fills each row only as far as
+that row's length, and self-guarding consumers read it by the same lengths. The width becomes static; the kernel,
+its inputs and the consumers stay where they are.
+
+Register a writer (facts scoped to this rule, keyed by the kernel's `module:qualname`):
+
+    register_bounded_writer(my_kernel, table="kv_indices_ptr", lengths="page_kernel_lens_ptr",
+                            page_size="PAGED_SIZE", req_pool_indices="req_pool_indices_ptr",
+                            req_to_token="req_to_token_ptr", table_stride="kv_indices_ptr_stride")
+
+The example kernel in kernels/flashmla_kv_indices.py is registered when this module is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+
+import torch
+import torch.fx
+
+from .. import _compat
+from .._compat import example_value, fake_mode_of
+from ..consumers import bind_arguments, facts_of, lookup_consumer, overload_name, register_facts, unregister_facts
+from ..find_sync_points import SyncPoint
+from ..mutations import written_by
+from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
+from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, ceil_div, dtype_of, is_narrowing, page_count,
+                         row_stride_of, strip_kept_values, sum_add, with_width)
+from ..proof import ProofContext, Unsafe, describe_use, why_not
+from . import register_rule
+
+# page_table's helpers are imported where used: importing that module here would register its rule before this
+# one, and the driver asks the first rule that matches (page_table matches every max).
+
+RULE = "allocated_table"
+
+
+# -- facts: bounded writers -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BoundedWriter:
+    """A user Triton kernel that, launched on a grid (rows of the table, 1, 1), has program b write row b's first
+    cdiv(max(lengths[b], 0), page_size) columns of `table` and nothing else; every other tensor it receives it only
+    reads. Its writes depend on the table only through `table_stride` (the table's row stride), never its width."""
+
+    name: str  # "module:qualname" of the kernel's Python function
+    table: str  # the parameter that takes the [rows, n] table (written in place)
+    lengths: str  # the parameter that takes the per-row lengths, in tokens
+    page_size: int | str  # tokens per page: an int, or the parameter (constexpr or int) that holds it
+    req_pool_indices: str | None = None  # the request indices it reads (checked like the lengths)
+    req_to_token: str | None = None  # the token table it reads
+    table_stride: str | None = None  # the parameter that takes table.stride(0), if any
+
+
+def kernel_name(kernel) -> str:
+    """`module:qualname` of a @triton.jit kernel (through autotuners/heuristics) or of a Python function."""
+    obj, seen = kernel, 0
+    while not inspect.isfunction(obj) and hasattr(obj, "fn") and seen < 8:
+        obj, seen = obj.fn, seen + 1
+    if not inspect.isfunction(obj):
+        raise TypeError(f"not a @triton.jit kernel or a function: {type(kernel).__name__}")
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _key(name: str) -> str:
+    return overload_name("triton::" + name)
+
+
+def _kernel_arg_names(kernel):
+    obj, seen = kernel, 0
+    while getattr(obj, "arg_names", None) is None and hasattr(obj, "fn") and seen < 8:
+        obj, seen = obj.fn, seen + 1
+    return getattr(obj, "arg_names", None)
+
+
+def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int | str,
+                            req_pool_indices: str | None = None, req_to_token: str | None = None,
+                            table_stride: str | None = None) -> BoundedWriter:
+    """Declare that `kernel` (a @triton.jit kernel, or its `module:qualname`) is a bounded writer (BoundedWriter).
+    With the kernel object, the names are checked against its parameters. Registering again replaces."""
+    name = kernel if isinstance(kernel, str) else kernel_name(kernel)
+    arg_names = None if isinstance(kernel, str) else _kernel_arg_names(kernel)
+    if isinstance(page_size, bool) or not (isinstance(page_size, str) or (isinstance(page_size, int)
+                                                                          and page_size >= 1)):
+        raise ValueError(f"page_size must be an int >= 1 or a parameter name, got {page_size!r}")
+    named = {"table": table, "lengths": lengths, "req_pool_indices": req_pool_indices,
+             "req_to_token": req_to_token, "table_stride": table_stride,
+             "page_size": page_size if isinstance(page_size, str) else None}
+    for label, value in named.items():
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{label} must be a parameter name, got {value!r}")
+        if value is not None and arg_names is not None and value not in arg_names:
+            raise ValueError(f"{label}={value!r} is not a parameter of {name} (parameters: {list(arg_names)})")
+    facts = BoundedWriter(name, table, lengths, page_size, req_pool_indices, req_to_token, table_stride)
+    register_facts(RULE, _key(name), facts)
+    return facts
+
+
+def unregister_bounded_writer(kernel) -> None:
+    unregister_facts(RULE, _key(kernel if isinstance(kernel, str) else kernel_name(kernel)))
+
+
+def bounded_writer_of(kernel) -> BoundedWriter | None:
+    try:
+        name = kernel if isinstance(kernel, str) else kernel_name(kernel)
+    except TypeError:
+        return None
+    return facts_of(RULE).get(_key(name))
+
+
+def _register_builtin_writers() -> None:
+    from ..kernels import flashmla_kv_indices
+
+    for name, facts in flashmla_kv_indices.BOUNDED_WRITERS.items():
+        register_bounded_writer(name, **facts)
+
+
+_register_builtin_writers()
+
+
+# -- plans ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+    count: torch.fx.Node  # n = (m + c + ps - 1) // ps
+    pages: int  # the static width
+    page_size: int
+    allocation: torch.fx.Node
+    strides: tuple  # sym_max(1, n) nodes (the table's row stride) that reach only the writer
+    writer: torch.fx.Node
+    writer_name: str
+    bookkeeping: tuple  # Dynamo's own checks on n (true for every n in [0, pages]) and their asserts
+    consumers: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatedTablePlan:
+    point: SyncPoint
+    bound: int
+    bound_source: str
+    tables: tuple
+    bounds: tuple  # (consumer, node, value): an upper-bound argument gets the static value
+    lower_checks: tuple  # (compare, asserts, k, lengths): `m + c >= k`, asserted on the device as any(x >= k - c)
+    asserts: tuple  # (lengths, limit, before): under options.checked, every length <= limit on the device
+    offsets: tuple
+    touches: frozenset
+    disjoint: frozenset
+
+
+# -- the proof --------------------------------------------------------------------------------------------
+def _lower_check(compare: torch.fx.Node, node: torch.fx.Node):
+    """k for a check `node >= k` (also `node > k-1`, `k <= node`, `k-1 < node`) whose users are only asserts."""
+    if compare.op != "call_function" or len(compare.args) != 2 or compare.kwargs:
+        return None
+    a, b = compare.args
+    forms = {(operator.ge, 0): b, (operator.gt, 0): b, (operator.le, 1): a, (operator.lt, 1): a}
+    side = 0 if a is node else 1 if b is node else None
+    k = forms.get((compare.target, side))
+    if not isinstance(k, int) or isinstance(k, bool):
+        return None
+    if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
+        return None
+    return k + 1 if compare.target in (operator.gt, operator.lt) else k
+
+
+def _in_grid(writer: torch.fx.Node, node: torch.fx.Node) -> bool:
+    found = []
+    torch.fx.node.map_arg(writer.kwargs.get("grid"), lambda n: found.append(n is node))
+    return any(found)
+
+
+def _same_size(a, b) -> bool:
+    if a is b:
+        return True
+    va = example_value(a) if isinstance(a, torch.fx.Node) else a
+    vb = example_value(b) if isinstance(b, torch.fx.Node) else b
+    if isinstance(va, int) and isinstance(vb, int):
+        return va == vb
+    if isinstance(va, torch.SymInt) and isinstance(vb, torch.SymInt):
+        return va.node.expr == vb.node.expr
+    return False
+
+
+def _substitute(user: torch.fx.Node, old: torch.fx.Node, new) -> None:
+    swap = lambda a: new if a is old else a  # noqa: E731
+    user.args = torch.fx.node.map_aggregate(user.args, swap)
+    user.kwargs = torch.fx.node.map_aggregate(user.kwargs, swap)
+
+
+class _Walk:
+    def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
+        self.point, self.ctx, self.bound = point, ctx, bound
+        self.source_root, self.source_chain = strip_kept_values(point.source, allow_moves=True,
+                                                                allow_narrowing=True)
+        self.first = ctx.first(point.nodes)
+        self.offsets, self.tables, self.bounds, self.lower_checks, self.pending = [], [], [], [], []
+        self.asserts: dict = {}
+        self.disjoint: set = set()
+
+    def relate(self, user: torch.fx.Node, lengths, who: str, offset: int, allowed=()) -> int:
+        """The lengths `user` reads hold the max's values + k (k <= offset), unwritten since the max."""
+        rel = self.ctx.relate_lengths(self.point.source, lengths, who)
+        if rel.offset > offset:
+            raise Unsafe("lengths_exceed", f"{who} exceed the max by {rel.offset} but the bound adds only {offset}")
+        start = self.ctx.first([self.first, *rel.chain, *self.source_chain])
+        self.ctx.check_no_writes(user, [self.source_root, *self.source_chain, rel.root, *rel.chain, lengths],
+                                 "the lengths", start, self.disjoint, allowed_writers=allowed)
+        if rel.via_mirror:
+            mirror = rel.root if rel.root in self.ctx.mirrors else self.source_root
+            self.ctx.check_no_writes(user, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
+                                     None, self.disjoint, allowed_writers=allowed)
+        self.asserts.setdefault((lengths, self.bound + rel.offset), user)
+        return rel.offset
+
+    # -- the max as a host int ----------------------------------------------------------------------------
+    def follow_value(self, node: torch.fx.Node, offset: int):
+        for user in list(node.users):
+            c = sum_add(user, node)
+            if c is not None:
+                if offset + c < 0:
+                    raise Unsafe("subtracted", f"the max minus {-(offset + c)} ({describe_use(user)}) is not an "
+                                               "upper bound")
+                self.offsets.append(user)
+                self.follow_value(user, offset + c)
+                continue
+            if user.op == "call_function" and user.target is operator.sub:
+                raise Unsafe("subtracted", f"the max is used in a subtraction ({describe_use(user)})")
+            per_page = page_count(user, node)
+            if per_page is not None:
+                if per_page < 1 or offset < per_page - 1:
+                    raise Unsafe("page_count", f"`// {per_page}` at {node_location(user)} is not a page count "
+                                               f"(m + {per_page - 1}) // {per_page}: it rounds the bound down")
+                self.follow_count(user, per_page, offset - (per_page - 1))
+                continue
+            k = _lower_check(user, node)
+            if k is not None:  # kept, exactly: max + offset >= k, on the device (no host read)
+                self.lower_checks.append((user, tuple(user.users), k - offset, self.device_source(user)))
+                continue
+            entry = lookup_consumer(user) if user.op == "call_function" else None
+            if entry is not None:
+                names = [a for a, v in bind_arguments(entry.name, user.args, user.kwargs).items() if v is node]
+                if names and all(a in entry.upper_bounds for a in names):
+                    if entry.lengths is None or entry.feeds_metadata is not None:
+                        raise Unsafe("no_lengths_fact", f"{entry.name} has no lengths argument to tie the bound to")
+                    self.pending.append((user, entry, node, offset))  # once every writer is known
+                    continue
+                raise Unsafe("not_an_upper_bound", f"passed to {entry.name} as {names}, which is not an upper-bound "
+                                                   "argument")
+            raise why_not(user, "the max")
+
+    def join_bounds(self):
+        """Upper-bound arguments: their consumers' lengths are related with every proven writer excluded."""
+        writers = tuple(t.writer for t in self.tables)
+        for user, entry, node, offset in self.pending:
+            lengths = bind_arguments(entry.name, user.args, user.kwargs).get(entry.lengths)
+            self.relate(user, lengths, f"{entry.name}'s {entry.lengths}", offset, allowed=writers)
+            self.bounds.append((user, node, self.bound + offset))
+
+    def device_source(self, before: torch.fx.Node) -> torch.fx.Node:
+        """The values the max was taken over, on the device when they are a CPU mirror with a twin."""
+        twin = self.ctx.mirrors.get(self.source_root)
+        if twin is None:
+            return self.point.source
+        self.ctx.check_no_writes(before, [self.source_root, twin], "the CPU mirror or its twin", None, self.disjoint)
+        return twin
+
+    # -- the page count ---------------------------------------------------------------------------------
+    def follow_count(self, count: torch.fx.Node, page_size: int, extra: int):
+        self.offsets.append(count)
+        pages = ceil_div(self.bound + extra, page_size)  # the count at m = bound: covers every row within it
+        allocations, strides, bookkeeping, writers = [], [], [], []
+        for user in count.users:
+            alloc = as_allocation(user)
+            if alloc is not None and alloc.width is count and alloc.rows is not count:
+                allocations.append(user)
+                continue
+            if _compat.user_triton_kernel(user) is not None:
+                if _in_grid(user, count):
+                    raise Unsafe("writer_grid", f"the launch grid of the kernel at {node_location(user)} depends on "
+                                                "the page count: its writes would follow the static width")
+                writers.append(user)  # as its table_stride: follow_writer checks
+                continue
+            if row_stride_of(user, count):
+                strides.append(user)
+                continue
+            if user.op == "call_function" and user.target in (operator.ge, operator.gt, operator.le, operator.lt) \
+                    and user.users and all(u.op == "call_function" and u.target in ASSERTS for u in user.users):
+                from .page_table import _true_for_any_width
+
+                if not _true_for_any_width(user, count, pages):
+                    raise Unsafe("width_check", f"the table's width is checked at {node_location(user)} by a check "
+                                                "that does not hold for every width, which must keep its meaning")
+                bookkeeping += [user, *user.users]
+                continue
+            raise Unsafe("width_use", f"the page count at {node_location(count)} is used by {describe_use(user)}, "
+                                      "not only as an allocation's width and its writer's row stride")
+        if len(allocations) != 1:
+            raise Unsafe("width_use", f"the page count at {node_location(count)} sizes {len(allocations)} "
+                                      "allocations; one table, one writer")
+        (allocation,) = allocations
+        for stride in strides:
+            for user in stride.users:
+                if _compat.user_triton_kernel(user) is None:
+                    raise Unsafe("width_use", f"the table's row stride (`max(1, n)`) is used by {describe_use(user)}")
+                if _in_grid(user, stride):
+                    raise Unsafe("writer_grid", f"the launch grid at {node_location(user)} depends on the width")
+        self.follow_table(count, page_size, extra, pages, allocation, tuple(strides), tuple(bookkeeping),
+                          set(writers) | {u for s in strides for u in s.users})
+
+    def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers):
+        alloc = as_allocation(allocation)
+        tv = example_value(allocation)
+        if getattr(tv, "dtype", None) not in INT_DTYPES:
+            raise Unsafe("not_a_table", f"the allocation at {node_location(allocation)} is {getattr(tv, 'dtype', None)}"
+                                        ", not an int32/int64 page table")
+        users = sorted(allocation.users, key=self.ctx.index)
+        if not users:
+            raise Unsafe("no_consumer", "the allocated table is never read")
+        writer = users[0]
+        if _compat.user_triton_kernel(writer) is None:
+            if writer.op == "call_function" and lookup_consumer(writer) is not None:
+                raise Unsafe("no_writer", f"{describe_use(writer)} reads the allocated table before any kernel "
+                                          "writes it")
+            raise self.table_use(writer)
+        facts = self.follow_writer(writer, allocation, alloc, count, page_size, extra, strides)
+        consumers = []
+        for user in users[1:]:
+            if _compat.user_triton_kernel(user) is not None:
+                raise Unsafe("table_written", f"the allocated table is also written by the kernel at "
+                                              f"{node_location(user)}")
+            entry = lookup_consumer(user) if user.op == "call_function" else None
+            if entry is None:
+                if allocation in written_by(user):
+                    raise Unsafe("table_written", f"the allocated table is written by {describe_use(user)} after its "
+                                                  "bounded writer")
+                raise self.table_use(user)
+            names = [a for a, v in bind_arguments(entry.name, user.args, user.kwargs).items() if v is allocation]
+            if entry.page_table is None or names != [entry.page_table]:
+                raise Unsafe("table_argument", f"the allocated table is passed to {entry.name} as {names}, not as its "
+                                               "page-table argument")
+            self.check_page_size(user, entry, page_size)
+            try:
+                self.ctx.check_no_writes(user, [allocation], "the allocated table", writer, self.disjoint)
+            except Unsafe as e:
+                raise Unsafe("table_written", e.message) from None
+            lengths = bind_arguments(entry.name, user.args, user.kwargs).get(entry.lengths)
+            self.relate(user, lengths, f"{entry.name}'s {entry.lengths}", extra, allowed=(writer,))
+            lv = example_value(lengths)
+            if getattr(lv, "ndim", 0) != 1 or not _same_size(lv.shape[0], tv.shape[0]):
+                raise Unsafe("mismatch", f"{entry.name}'s {entry.lengths} do not have one value per table row")
+            self.check_outputs_keep(user, entry, allocation, pages)
+            consumers.append(user)
+        if not consumers:
+            raise Unsafe("no_consumer", "the allocated table reaches no self-guarding consumer")
+        if width_readers - {writer}:
+            other = min(width_readers - {writer}, key=self.ctx.index)
+            raise Unsafe("width_use", f"the table's width reaches {describe_use(other)}, which is not its writer")
+        self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name, bookkeeping,
+                                     tuple(consumers)))
+
+    @staticmethod
+    def table_use(user: torch.fx.Node) -> Unsafe:
+        if user.op == "output":
+            return Unsafe("escapes", "the allocated table reaches the graph output (returned or stored)")
+        return Unsafe("table_use", f"the allocated table reaches {describe_use(user)}, which is neither its bounded "
+                                   "writer nor a self-guarding consumer")
+
+    def follow_writer(self, writer, allocation, alloc, count, page_size, extra, strides) -> BoundedWriter:
+        kernel, constants = _compat.user_triton_kernel(writer)
+        facts = bounded_writer_of(kernel)
+        try:
+            name = kernel_name(kernel)
+        except TypeError:
+            name = type(kernel).__name__
+        if facts is None:
+            raise Unsafe("writer_unknown", f"the kernel {name} at {node_location(writer)} writes the allocated table "
+                                           "and has no bounded-writer facts (register_bounded_writer)")
+        if writer.kwargs.get("tma_descriptor_metadata"):
+            raise Unsafe("writer_unknown", f"{name} is launched with TMA descriptors, which its facts do not cover")
+        kw = dict(writer.kwargs.get("kwargs", {}))
+        args = {**constants, **kw}
+        for param, value in kw.items():
+            held = []
+            torch.fx.node.map_arg(value, lambda n: held.append(n))
+            if allocation in held and (param != facts.table or value is not allocation):
+                raise Unsafe("table_argument", f"the allocated table is passed to {name} as {param!r}, not only as "
+                                               f"its table {facts.table!r}")
+            width = [n for n in held if n is count or n in strides]
+            if width and (param != facts.table_stride or value not in (count, *strides)):
+                raise Unsafe("width_use", f"the table's width is passed to {name} as {param!r}, not as its row "
+                                          f"stride {facts.table_stride!r}")
+        if kw.get(facts.table) is not allocation:
+            raise Unsafe("table_argument", f"the allocated table is not {name}'s table {facts.table!r}")
+        if facts.table_stride is not None:
+            stride = args.get(facts.table_stride)
+            if stride not in (count, *strides):
+                raise Unsafe("width_use", f"{name}'s {facts.table_stride!r} is not the table's row stride "
+                                          f"({stride!r})")
+        grid = writer.kwargs.get("grid")
+        if not isinstance(grid, (list, tuple)) or not grid or not all(
+                isinstance(g, (list, tuple)) and len(g) == 3 and _same_size(g[0], alloc.rows)
+                and all(isinstance(d, int) and d == 1 for d in g[1:]) for g in grid):
+            raise Unsafe("writer_grid", f"{name} is launched on the grid {grid!r}, not (rows of the table, 1, 1): "
+                                        "its facts cover one program per row")
+        ps = facts.page_size if isinstance(facts.page_size, int) else args.get(facts.page_size)
+        if not isinstance(ps, int) or isinstance(ps, bool) or ps != page_size:
+            raise Unsafe("page_size", f"{name} writes pages of {ps!r} tokens but the table's width counts pages of "
+                                      f"{page_size}")
+        rows = example_value(allocation).shape[0]
+        lengths = kw.get(facts.lengths)
+        self.relate(writer, lengths, f"{name}'s {facts.lengths}", extra)
+        inputs = []
+        for label, param, ndim in (("lengths", facts.lengths, 1), ("request indices", facts.req_pool_indices, 1),
+                                   ("token table", facts.req_to_token, 2)):
+            if param is None:
+                continue
+            value = kw.get(param)
+            v = example_value(value)
+            if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (ndim == 1 and not _same_size(
+                    v.shape[0], rows)):
+                raise Unsafe("mismatch", f"{name}'s {label} {param!r} is not an int tensor with one value per row "
+                                         "of the table" if ndim == 1 else f"{name}'s {label} is not a 2-D int tensor")
+            if param != facts.lengths:
+                inputs.append(value)
+        self.ctx.check_no_writes(writer, inputs, "the token table or the request indices", self.first, self.disjoint)
+        return facts
+
+    def check_page_size(self, consumer, entry, page_size: int):
+        if entry.page_size_of is None:
+            raise Unsafe("page_size", f"{entry.name} does not declare where its page size is (page_size_of): a page "
+                                      "count cannot be tied to it")
+        argument, dim = entry.page_size_of
+        value = example_value(bind_arguments(entry.name, consumer.args, consumer.kwargs).get(argument))
+        have = value.shape[dim] if isinstance(value, torch.Tensor) and value.ndim > dim else None
+        if have != page_size:
+            raise Unsafe("page_size", f"the table counts pages of {page_size} but {entry.name}'s {argument} has "
+                                      f"pages of {have}")
+
+    def check_outputs_keep(self, consumer, entry, table: torch.fx.Node, pages: int):
+        """The consumer on fake tensors with the static-width table must return the same shapes and dtypes."""
+        before = example_value(consumer)
+        tv = example_value(table)
+        mode = fake_mode_of([table, consumer])
+        if before is None or mode is None:
+            raise Unsafe("output_changes", f"{entry.name}'s outputs could not be checked on fake tensors")
+        args, kwargs = torch.fx.node.map_arg((consumer.args, consumer.kwargs), example_value)
+        try:
+            with mode:
+                static = torch.empty((tv.shape[0], pages), dtype=tv.dtype, device=tv.device)
+                args = tuple(static if a is table else v for a, v in zip(consumer.args, args))
+                kwargs = {k: (static if consumer.kwargs[k] is table else v) for k, v in kwargs.items()}
+                after = consumer.target(*args, **kwargs)
+        except Exception as e:
+            raise Unsafe("output_changes", f"{entry.name} rejects the static table on fake tensors "
+                                           f"({type(e).__name__}: {e})") from None
+        def flat(x):
+            return [t for t in (x if isinstance(x, (list, tuple)) else [x]) if isinstance(t, torch.Tensor)]
+
+        a, b = flat(before), flat(after)
+        if len(a) != len(b) or any([str(s) for s in x.shape] != [str(s) for s in y.shape] or x.dtype != y.dtype
+                                   for x, y in zip(a, b)):
+            raise Unsafe("output_changes", f"{entry.name} at {node_location(consumer)} returns other shapes with the "
+                                           "static table: its output depends on the table's width")
+
+    def plan(self, bound_source: str) -> AllocatedTablePlan:
+        touches = set(self.point.nodes) | set(self.offsets)
+        for t in self.tables:
+            touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers}
+        touches |= {c for c, _, _ in self.bounds} | {c for c, _, _, _ in self.lower_checks}
+        asserts = tuple((lengths, limit, before) for (lengths, limit), before in self.asserts.items())
+        return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
+                                  tuple(self.lower_checks), asserts, tuple(self.offsets), frozenset(touches),
+                                  frozenset(self.disjoint))
+
+
+def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
+    """m (through constant adds) -> a page count -> the width of a 2-D allocation: this rule's shape."""
+    for user in node.users:
+        if depth < 8 and sum_add(user, node) is not None and _sizes_an_allocation(user, depth + 1):
+            return True
+        if page_count(user, node) is not None:
+            for alloc in user.users:
+                spelled = as_allocation(alloc)
+                if spelled is not None and spelled.width is user:
+                    return True
+    return False
+
+
+@register_rule
+class AllocatedTableMax:
+    """A max whose page count sizes an allocated table that a registered bounded writer fills: the static width.
+
+    Before (Dynamo, capture_scalar_outputs on; bs = 3, PAGED_SIZE = 64):
+
+        max_1 = l_seq_lens_.max()
+        item = max_1.item()                                                   # Sym(u0): device-to-host sync
+        ge = item >= -63                                                      # Dynamo: the width is >= 0
+        _assert_scalar_default = torch.ops.aten._assert_scalar.default(ge, "... u0 >= -63 ...")
+        sym_sum = torch.sym_sum([63, item])
+        floordiv_1 = sym_sum // 64                                            # n = cdiv(m, 64)
+        ge_1 = floordiv_1 >= 0
+        _assert_scalar_default_1 = torch.ops.aten._assert_scalar.default(ge_1, "... 0 <= ((u0 + 63)//64) ...")
+        table = torch.full((3, floordiv_1), -1, dtype=torch.int32, device=device(type='cpu'))
+        sym_max = torch.sym_max(1, floordiv_1)                                # table.stride(0)
+        triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(
+            kernel_idx=0, constant_args_idx=0, grid=[(3, 1, 1)], tma_descriptor_metadata={},
+            kwargs={'req_to_token_ptr': l_r2t_, 'req_pool_indices_ptr': l_rpi_, 'page_kernel_lens_ptr': l_seq_lens_,
+                    'kv_indices_ptr': table, 'kv_indices_ptr_stride': sym_max})
+        paged_decode = torch.ops.syncfree.paged_decode(q, k, v, table, cache_seqlens, max_seqlen_k=item)
+
+    After (max_context_len=4096; checked):
+
+        ge_scalar = torch.ops.aten.ge.Scalar(l_seq_lens_, -63)               # Dynamo's check, on the device:
+        any_1 = torch.ops.aten.any.default(ge_scalar)                         #   max >= -63 <=> any(x >= -63)
+        _assert_async = torch.ops.aten._assert_async.msg(any_1, '...')
+        table = torch.full((3, 64), -1, dtype=torch.int32, device=device(type='cpu'))   # ceil(4096 / 64) pages
+        le = torch.ops.aten.le.Scalar(l_seq_lens_, 4096); ...; _assert_async_1 = ...   # lengths <= the bound
+        triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(
+            kernel_idx=0, constant_args_idx=0, grid=[(3, 1, 1)], tma_descriptor_metadata={},
+            kwargs={..., 'kv_indices_ptr': table, 'kv_indices_ptr_stride': 64})
+        paged_decode = torch.ops.syncfree.paged_decode(q, k, v, table, cache_seqlens, max_seqlen_k=4096)
+
+    The proof: every use of `m` is `m + c` (net c >= 0), a page count `(m + c + ps - 1) // ps`, a lower-bound
+    check (kept, exactly, as a device assertion), or an upper-bound argument of a self-guarding consumer. Every
+    use of the count is the width of ONE allocation `(B, n)`, the row stride `max(1, n)` passed to the writer as
+    its declared `table_stride`, or Dynamo's own checks that hold for every width in [0, static width] (removed).
+    The table's first user is a `triton_kernel_wrapper_mutation` whose kernel has BoundedWriter facts: it gets
+    the table only as its `table`, its grid is (B, 1, 1) with B the table's rows (nothing from the width), its
+    page size is the count's, its lengths hold the max's values + k (k <= c) and nothing writes them, the token
+    table or the request indices between the max and the launch. Every later user is a self-guarding consumer
+    taking the table as its page table, with pages of the same size, lengths related the same way (the writer is
+    excluded from the write check: its facts say it writes only the table), nothing else writing the table in
+    between, and outputs of the same shapes with the static width (fake tensors). Columns past a row's
+    cdiv(length, ps) hold the fill in both (or are unread), and no consumer reads them.
+    """
+
+    name = RULE
+    options: dict = {}
+
+    def match(self, read: SyncPoint) -> bool:
+        return read.is_max and _sizes_an_allocation(read.value)
+
+    def prove(self, read: SyncPoint, ctx: ProofContext) -> AllocatedTablePlan:
+        if dtype_of(read.source) not in INT_DTYPES:
+            raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
+                                            "lengths")
+        numel = getattr(example_value(read.source), "numel", lambda: None)()
+        if isinstance(numel, int) and numel == 0:
+            raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
+        if ctx.options.max_context_len is None:
+            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists")
+        from .page_table import _site_bound
+
+        bound, bound_source = _site_bound(read.source, ctx)
+        walk = _Walk(read, ctx, bound)
+        walk.follow_value(read.value, 0)
+        if not walk.tables:
+            raise Unsafe("nothing_to_rewrite", "the max sizes no allocated table")
+        walk.join_bounds()
+        return walk.plan(bound_source)
+
+    def rewrite(self, plan: AllocatedTablePlan, graph: torch.fx.Graph, options) -> str:
+        dead: list = []
+        parts = []
+        for compare, asserts, k, source in plan.lower_checks:
+            within = insert_call(graph, compare, torch.ops.aten.ge.Scalar, (source, k), compare)
+            some = insert_call(graph, compare, torch.ops.aten.any.default, (within,), compare)
+            insert_call(graph, compare, torch.ops.aten._assert_async.msg,
+                        (some, f"syncfree: the check at {node_location(compare)} failed: the max is below {k}"),
+                        compare)
+            dead += [compare, *asserts]
+        for t in plan.tables:
+            t.allocation.args = with_width(t.allocation, t.pages)
+            mode = fake_mode_of([t.allocation])
+            if mode is not None:
+                args = torch.fx.node.map_arg(t.allocation.args, example_value)
+                kwargs = torch.fx.node.map_arg(t.allocation.kwargs, example_value)
+                with mode:
+                    t.allocation.meta["example_value"] = t.allocation.target(*args, **kwargs)
+            for stride in t.strides:
+                _substitute(t.writer, stride, max(1, t.pages))
+            _substitute(t.writer, t.count, t.pages)
+            dead += [*t.bookkeeping, *t.strides]
+            parts.append(f"allocated table -> width {t.pages} (page_size {t.page_size}), written by {t.writer_name}")
+        for consumer, node, value in plan.bounds:
+            _substitute(consumer, node, value)
+            parts.append(f"upper bound -> {value}")
+        parts.append(f"bound {plan.bound} ({plan.bound_source})")
+        if options.checked:
+            # Narrowed lengths (int64 -> int32) are asserted on their wide values, where the max read them; one
+            # assertion per (values, limit), before the first node that reads them.
+            checks: dict = {}
+            for lengths, limit, before in plan.asserts:
+                wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
+                narrowed = any(is_narrowing(n) for n in passed)
+                key = (wide if narrowed else lengths, limit)
+                first, low = checks.get(key, (before, False))
+                checks[key] = (min(first, before, key=list(graph.nodes).index), low or narrowed)
+            for (values, limit), (before, narrowed) in checks.items():
+                insert_device_assert(graph, before, values, limit,
+                                     f"syncfree: a sequence length exceeds the static bound that replaced its max "
+                                     f"({plan.bound_source}) at {node_location(before)}",
+                                     low=-(2 ** 31) if narrowed else None)
+            parts.append("lengths asserted on the device")
+        dead += list(plan.offsets) + [plan.point.value] + list(plan.point.nodes)
+        erase_if_dead(graph, dead)
+        return "rewritten: " + "; ".join(parts)

@@ -1,0 +1,367 @@
+"""The allocated-table rule (issue 20, recipe 2: FlashMLA / TRTLLM-MLA / aiter): `n = cdiv(max, 64)` sizes
+`torch.full((bs, n), -1)`, a user Triton kernel with bounded-writer facts fills each row by its length, and a
+self-guarding consumer reads the table by the same lengths. Compiled (pass-only backend) against eager over
+several length vectors; the kept variants assert their reason codes.
+
+The user kernel runs through the Triton interpreter on CPU. triton.jit decides at import whether a kernel is
+interpreted, so without TRITON_INTERPRET=1 this file runs itself in a subprocess with it set (as
+test_triton_interpreter.py does). Two shims make Dynamo trace a user kernel on a machine without a GPU: Dynamo
+recognises only JITFunctions (the interpreter's InterpretedFunction is refused by torch on purpose), and only
+when torch.utils._triton.has_triton() is True (False without a GPU). `traceable` wraps the interpreted kernel
+in a JITFunction over the same Python function whose launches go to the interpreter; `dynamo_sees_triton`
+patches has_triton while Dynamo traces. Neither touches the pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import compile_pass
+import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
+from conftest_helpers import interpreting
+from passlib import Rewriting
+
+HERE = Path(__file__).resolve().parent
+PS = 64
+MCL = 512  # max_context_len: the static table is ceil(512 / 64) = 8 pages wide
+REQS = 6
+NUM_PAGES = REQS * MCL // PS
+needs_interpreter = pytest.mark.skipif(not interpreting(), reason="runs in a subprocess with TRITON_INTERPRET=1 "
+                                                                  "(test_this_file_under_the_interpreter)")
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+def test_this_file_under_the_interpreter():
+    if interpreting():
+        return
+    triton = pytest.importorskip("triton")
+    numpy = pytest.importorskip("numpy")
+    if _version(triton.__version__) < (3, 7) and _version(numpy.__version__) >= (2, 4):
+        pytest.skip(f"triton {triton.__version__}'s interpreter rejects numpy {numpy.__version__}")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
+                           str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert int(re.search(r"(\d+) passed", proc.stdout).group(1)) >= 10, proc.stdout[-2000:]
+
+
+# -- the shims (tests only) -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def dynamo_sees_triton():
+    import torch.utils._triton as triton_utils
+
+    old = triton_utils.has_triton
+    triton_utils.has_triton = lambda: True
+    try:
+        yield
+    finally:
+        triton_utils.has_triton = old
+
+
+if interpreting():
+    import triton
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    from compile_pass.kernels.flashmla_kv_indices import flashmla_kv_indices_kernel, reference
+
+    class _Interpreted(JITFunction):
+        """A JITFunction (what Dynamo traces) whose launches run the interpreter."""
+
+        def __init__(self, interpreted):
+            super().__init__(interpreted.fn)
+            self._interpreted = interpreted
+
+        def run(self, *args, grid, warmup, **kwargs):
+            return self._interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    def traceable(kernel):
+        return _Interpreted(kernel)
+
+    KERNEL = traceable(flashmla_kv_indices_kernel)
+
+    @triton.jit
+    def unregistered_writer(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_start_idx,
+                            kv_indices_ptr, req_to_token_ptr_stride: tl.constexpr, kv_indices_ptr_stride,
+                            PAGED_SIZE: tl.constexpr = 64):
+        pid = tl.program_id(axis=0)
+        row = tl.load(req_pool_indices_ptr + pid).to(tl.int64)
+        pages = (tl.maximum(tl.load(page_kernel_lens_ptr + pid).to(tl.int64), 0) + PAGED_SIZE - 1) // PAGED_SIZE
+        page = tl.arange(0, 16).to(tl.int64)
+        token = tl.load(req_to_token_ptr + row * req_to_token_ptr_stride + page * PAGED_SIZE, mask=page < pages)
+        tl.store(kv_indices_ptr + pid * kv_indices_ptr_stride + page, token // PAGED_SIZE, mask=page < pages)
+
+    UNREGISTERED = traceable(unregistered_writer)
+
+
+# -- inputs -----------------------------------------------------------------------------------------------
+def make_inputs(lengths, seed=0, width=MCL):
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(REQS * width // PS, generator=gen).view(REQS, -1)
+    tok = torch.arange(width)
+    r2t = (pages[:, tok // PS] * PS + tok % PS).to(torch.int32)
+    rpi = torch.randperm(REQS, generator=gen)[: len(lengths)]
+    seq_lens = torch.tensor(lengths, dtype=torch.int64)
+    q = torch.randn(len(lengths), 1, 4, 16, generator=gen)
+    k = torch.randn(NUM_PAGES, PS, 2, 16, generator=gen)
+    v = torch.randn(NUM_PAGES, PS, 2, 16, generator=gen)
+    return q, k, v, r2t, rpi, seq_lens
+
+
+VECTORS = [[5, 130, 64], [512, 1, 0], [64, 65, 1], [200, 300, 511]]
+ATTN = torch.ops.syncfree.paged_decode
+
+
+def run_pass(step, vectors, **options):
+    """Compile with the pass-only backend; compare with eager on every vector. Returns the backend."""
+    backend = Rewriting(max_context_len=MCL, **options)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    for lengths in vectors:
+        args = make_inputs(lengths)
+        with dynamo_sees_triton(), compile_pass._compat.capture_scalar_outputs():
+            got = compiled(*args)
+        torch.testing.assert_close(got, step(*make_inputs(lengths)))
+    assert len(backend.graphs) == 1, "recompiled"
+    return backend
+
+
+def kept_codes(backend):
+    return [(i.reason_code, i.rule) for i in backend.report.kept]
+
+
+def flashmla_step(q, k, v, r2t, rpi, seq_lens):
+    m = seq_lens.max().item()
+    n = triton.cdiv(m, PS)
+    bs = seq_lens.shape[0]
+    table = torch.full((bs, n), -1, dtype=torch.int32, device=seq_lens.device)
+    KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+# -- rewritten --------------------------------------------------------------------------------------------
+@needs_interpreter
+def test_the_example_kernel_writes_what_its_reference_says():
+    q, k, v, r2t, rpi, seq_lens = make_inputs([5, 130, 0])
+    table = torch.full((3, 3), -1, dtype=torch.int32)
+    KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+    torch.testing.assert_close(table, reference(r2t, rpi, seq_lens, torch.full((3, 3), -1, dtype=torch.int32)))
+    assert (table[0, 1:] == -1).all() and (table[2] == -1).all()
+
+
+@needs_interpreter
+def test_flashmla_shape_is_rewritten_to_the_static_width():
+    backend = run_pass(flashmla_step, VECTORS)
+    report = backend.report
+    assert not report.kept, str(report)
+    (item,) = report.rewritten
+    assert item.rule == "allocated_table"
+    assert "allocated table -> width 8 (page_size 64)" in item.reason, item.reason
+    assert "upper bound -> 512" in item.reason and "lengths asserted on the device" in item.reason
+    graph = backend.graphs[0].graph
+    targets = [n.target for n in graph.nodes]
+    assert "item" not in targets and torch.ops.aten._assert_scalar.default not in targets
+    (alloc,) = [n for n in graph.nodes if n.target is torch.full]
+    assert tuple(alloc.args[0]) == (3, 8)
+    (writer,) = [n for n in graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
+    assert writer.kwargs["kwargs"]["kv_indices_ptr_stride"] == 8 and writer.kwargs["grid"] == [(3, 1, 1)]
+    # Dynamo's own check `u0 >= -63` stays, exactly, as a device assertion (any length >= -63)
+    assert torch.ops.aten.any.default in targets
+
+
+@needs_interpreter
+def test_empty_table_and_page_count_spelled_by_hand():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        n = (m + PS - 1) // PS
+        table = torch.empty((seq_lens.shape[0], n), dtype=torch.int32)
+        KERNEL[(seq_lens.shape[0],)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0),
+                                     PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    backend = run_pass(step, VECTORS[:3])
+    assert not backend.report.kept and backend.report.rewritten[0].rule == "allocated_table", str(backend.report)
+
+
+@needs_interpreter
+def test_a_length_past_the_bound_raises_on_the_device():
+    backend = Rewriting(max_context_len=MCL)
+    compiled = torch.compile(flashmla_step, backend=backend, fullgraph=True)
+    with dynamo_sees_triton(), compile_pass._compat.capture_scalar_outputs():
+        compiled(*make_inputs([5, 130, 64]))
+        with pytest.raises(RuntimeError, match="static bound"):
+            compiled(*make_inputs([5, 600, 64], width=1024))
+
+
+# -- kept -------------------------------------------------------------------------------------------------
+@needs_interpreter
+def test_an_unregistered_kernel_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        n = triton.cdiv(m, PS)
+        table = torch.full((3, n), -1, dtype=torch.int32)
+        UNREGISTERED[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    backend = run_pass(step, VECTORS[:2])
+    assert kept_codes(backend) == [("writer_unknown", "allocated_table")], str(backend.report)
+
+
+@needs_interpreter
+def test_a_registered_writer_with_wrong_facts_or_other_lengths_keeps_the_max():
+    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+
+    with pytest.raises(ValueError, match="not a parameter"):
+        register_bounded_writer(UNREGISTERED, table="table", lengths="page_kernel_lens_ptr", page_size=64)
+
+    def other_lengths(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        # other values (every row filled to the max: eager is fine), not the values the max was taken over
+        writer_lens = seq_lens.amax().expand_as(seq_lens).contiguous()
+        KERNEL[(3,)](r2t, rpi, writer_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(other_lengths, VECTORS[:2])) == [("lengths_differ", "allocated_table")]
+
+    register_bounded_writer(UNREGISTERED, table="kv_indices_ptr", lengths="page_kernel_lens_ptr", page_size=32,
+                            table_stride="kv_indices_ptr_stride")
+    try:  # facts that say pages of 32: they do not agree with the count's 64
+        def step(q, k, v, r2t, rpi, seq_lens):
+            m = seq_lens.max().item()
+            table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+            UNREGISTERED[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+            return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+        assert kept_codes(run_pass(step, VECTORS[:2])) == [("page_size", "allocated_table")]
+    finally:
+        unregister_bounded_writer(UNREGISTERED)
+
+
+@needs_interpreter
+def test_the_table_written_by_anything_else_keeps_the_max():
+    def in_place(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        table.add_(0)  # a write between the writer and the reader (`table[:, 0] = 0` also checks n > 0: width_use)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(in_place, VECTORS[:2])) == [("table_written", "allocated_table")]
+
+    def second_kernel(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        UNREGISTERED[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(second_kernel, VECTORS[:2])) == [("table_written", "allocated_table")]
+
+
+@needs_interpreter
+def test_the_width_used_elsewhere_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32)) * table.shape[1]
+
+    assert kept_codes(run_pass(step, VECTORS[:2])) == [("width_use", "allocated_table")]
+
+
+@needs_interpreter
+def test_a_grid_derived_from_the_width_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        n = triton.cdiv(m, PS)
+        table = torch.full((3, n), -1, dtype=torch.int32)
+        KERNEL[(3, n)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(step, VECTORS[:2])) == [("writer_grid", "allocated_table")]
+
+
+@needs_interpreter
+def test_a_consumer_with_other_pages_or_no_writer_keeps_the_max():
+    def read_before_writing(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), 0, dtype=torch.int32)
+        out = ATTN(q, k, v, table, seq_lens.to(torch.int32))
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return out, ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(read_before_writing, VECTORS[:2])) == [("no_writer", "allocated_table")]
+
+    def bounded_sum(q, k, v, r2t, rpi, seq_lens):  # registered without page_size_of: pages cannot be tied
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return torch.ops.syncfree_test.bounded_sum(table, seq_lens, PS, m)
+
+    assert kept_codes(run_pass(bounded_sum, VECTORS[:2])) == [("page_size", "allocated_table")]
+
+
+@needs_interpreter
+def test_a_plain_page_table_max_still_goes_to_the_page_table_rule():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = r2t[rpi, :m:PS] // PS
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+    backend = run_pass(step, VECTORS[:2])
+    assert [i.rule for i in backend.report.rewritten] == ["page_table"], str(backend.report)
+
+
+@needs_interpreter
+def test_through_inductor():
+    """compile_pass.compile (Inductor) with the user kernel on CPU: see the report for what this shows."""
+    compiled = compile_pass.compile(flashmla_step, max_context_len=MCL)
+    with dynamo_sees_triton():
+        try:
+            got = compiled(*make_inputs(VECTORS[0]))
+        except Exception as e:  # Inductor lowers user Triton kernels for GPU devices only
+            report = compile_pass.last_report()  # the pass ran (the rewrite is done) before Inductor failed
+            assert report.rewritten and report.rewritten[0].rule == "allocated_table", str(report)
+            pytest.xfail(f"Inductor does not compile a user Triton kernel on CPU tensors: {type(e).__name__}: "
+                         f"{str(e)[:200]}")
+    torch.testing.assert_close(got, flashmla_step(*make_inputs(VECTORS[0])))
+    report = compile_pass.last_report()
+    assert report.rewritten and not report.syncs_remaining, str(report)
+
+
+@needs_interpreter
+def test_a_dynamic_batch_launches_on_the_symbolic_rows():
+    backend = Rewriting(max_context_len=MCL)
+    compiled = torch.compile(flashmla_step, backend=backend, fullgraph=True, dynamic=True)
+    for lengths in ([5, 130, 64], [7, 500], [1, 2, 3, 4]):
+        with dynamo_sees_triton(), compile_pass._compat.capture_scalar_outputs():
+            got = compiled(*make_inputs(lengths))
+        torch.testing.assert_close(got, flashmla_step(*make_inputs(lengths)))
+    assert len(backend.graphs) == 1 and not backend.report.kept, str(backend.report)
+    (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
+    (rows, one, one_) = writer.kwargs["grid"][0]
+    assert isinstance(rows, torch.fx.Node) and (one, one_) == (1, 1)
+
+
+@needs_interpreter
+def test_lengths_written_after_the_writer_keep_the_max():
+    """The writer is excluded from the write check by its facts; any other write to the lengths still counts."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        table = torch.full((3, triton.cdiv(m, PS)), -1, dtype=torch.int32)
+        KERNEL[(3,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        seq_lens.add_(0)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(run_pass(step, VECTORS[:2])) == [("written", "allocated_table")]
