@@ -46,9 +46,17 @@ def erase_if_dead(graph: torch.fx.Graph, nodes) -> None:
             graph.erase_node(node)
 
 
-def insert_device_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, limit: int, message: str) -> None:
-    """Device-side: every length <= limit (so their max is too). An async assertion: no host read."""
-    within = insert_call(graph, before, torch.ops.aten.le.Scalar, (lengths, limit), before)
+def insert_device_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, limit: int | None, message: str,
+                         low: int | None = None) -> None:
+    """Device-side: every length <= limit (so their max is too), and >= low when given. An async assertion: no
+    host read."""
+    within = None
+    if limit is not None:
+        within = insert_call(graph, before, torch.ops.aten.le.Scalar, (lengths, limit), before)
+    if low is not None:
+        above = insert_call(graph, before, torch.ops.aten.ge.Scalar, (lengths, low), before)
+        within = above if within is None else insert_call(graph, before, torch.ops.aten.logical_and.default,
+                                                          (within, above), before)
     every = insert_call(graph, before, torch.ops.aten.all.default, (within,), before)
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
 
