@@ -21,6 +21,7 @@ class EngineCase:
     options: dict = dataclasses.field(default_factory=dict)
     page_size: int = 1
     queries: int = 1  # Sq: new tokens per request in this step
+    headroom: int = 0  # tokens the step adds to the lengths past the new ones (draft decode's step_id)
 
 
 @dataclasses.dataclass

@@ -106,7 +106,7 @@ CASES = {
     "sglang_decode_ps1": EngineCase(_builder("decode"), "rewritten", page_size=1),
     "sglang_decode_ps16": EngineCase(_builder("decode"), "rewritten", page_size=16),
     "sglang_decode_ps64": EngineCase(_builder("decode"), "rewritten", page_size=64),
-    "sglang_draft_decode": EngineCase(_builder("draft_decode", step_id=2), "rewritten", page_size=16),
+    "sglang_draft_decode": EngineCase(_builder("draft_decode", step_id=2), "rewritten", page_size=16, headroom=2),
     "sglang_target_verify": EngineCase(_builder("target_verify", draft_tokens=4), "rewritten", page_size=16,
                                        queries=4),
     "sglang_draft_extend": EngineCase(_builder("draft_extend"), "rewritten", page_size=16),
