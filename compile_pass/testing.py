@@ -105,7 +105,11 @@ def replay_without_sync(fn: Callable, *args, replays: int = 3):
             output = fn(*args)
             done += 1
     except RuntimeError as e:
-        return output, done, f"a replay synchronised the host ({str(e).splitlines()[0]})"
+        import traceback
+
+        where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(e.__traceback__)]
+        return output, done, (f"a replay synchronised the host ({str(e).splitlines()[0]}; at "
+                              f"{' <- '.join(reversed(where[-4:]))})")
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     return output, done, None
