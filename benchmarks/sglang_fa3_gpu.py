@@ -107,6 +107,11 @@ def main():
         info["triton"] = None
     path = H.Path("fa3_decode_static_escapes", "decode")  # SGLang's defaults: mirror published, precompute on
     engine = H.Engine(path, seed=0, device=args.device)
+    # The KV pool is written in place every step: mark it static, as engines do (README "Use"), so that a CUDA
+    # graph may mutate it (else Inductor skips CUDA graphs for "mutated inputs").
+    pool = engine.runner.token_to_kv_pool
+    for buffer in list(getattr(pool, "k_buffer", [])) + list(getattr(pool, "v_buffer", [])):
+        _compat.mark_static_address(buffer)
     batches = [int(b) for b in args.batches.split(",")]
     vectors = length_vectors(H, batches, args.vectors)
     options = dict(max_context_len=H.MAX_CONTEXT, cudagraphs=True, static_escapes=True)

@@ -50,11 +50,13 @@ def get_scheduler_metadata_device(batch_size, max_seqlen_q, max_seqlen_k, num_he
     per_sm = torch.ceil(total * 1.1 * num_heads_k / F.NUM_SMS).clamp(min=1).to(torch.int64)
     splits = torch.clamp(-(-rows // per_sm), 1, static_splits)
     br = -(-batch_size // 4) * 4
-    md = torch.zeros(F.metadata_size(batch_size), dtype=torch.int32, device=seqused_k.device)
-    md[0] = static_splits
-    md[1:1 + batch_size] = splits.to(torch.int32)
-    md[1 + br:1 + br + batch_size] = n_blocks
-    return md
+    # Built from device tensors only: `md[0] = int` would copy a host scalar to the device (a sync).
+    dev, i32 = seqused_k.device, torch.int32
+    parts = [torch.full((1,), static_splits, dtype=i32, device=dev), splits.to(i32),
+             torch.zeros(br - batch_size, dtype=i32, device=dev), torch.full((batch_size,), n_blocks, dtype=i32,
+                                                                             device=dev)]
+    md = torch.cat(parts)
+    return torch.cat([md, torch.zeros(F.metadata_size(batch_size) - md.numel(), dtype=i32, device=dev)])
 
 
 def _check_metadata_device(md, batch, static_splits, n_blocks, row_blocks):
