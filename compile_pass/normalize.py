@@ -15,6 +15,11 @@ versions known to emit it where that matters (Dynamo moves them between releases
     m + c         m + c | c + m | m - c (c an int)                                    -> +c / -c (c - m: None)
     page count    (m + c + ps - 1) // ps                                              -> ps, c
     min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
+    full sum      t.sum() | torch.sum(t) | t.sum(0) (1-D)                             (REDUCTIONS["sum"])
+    allocation    torch.empty(n, ..) | torch.empty((n,), ..) | torch.zeros(n, ..) | x.new_empty(n) | x.new_zeros(n)
+                                                                                      -> Alloc(node, fill)
+    indptr        F.pad(cumsum(L, 0), (1, 0)) | torch.cat([zeros(1), cumsum(L, 0)])  -> L
+                  (cumsum: torch.cumsum(L, 0) | torch.cumsum(L, dim=0) | L.cumsum(0), an int dtype= allowed)
 """
 
 from __future__ import annotations
@@ -112,8 +117,33 @@ def is_item(node) -> bool:
     return (node.op == "call_method" and node.target == "item") or callable_name(node) == NUMPY_ITEM_NAME
 
 
+def _full_dim(node: torch.fx.Node, source) -> bool:
+    """A reduction's dim arguments reduce every element: none, or dim 0 / -1 of a 1-D tensor (no keepdim)."""
+    dims = list(node.args[1:]) + [node.kwargs.get("dim")]
+    dims = [d for d in dims if d is not None]
+    if node.kwargs.get("keepdim", False) or any(k not in ("dim", "keepdim") for k in node.kwargs):
+        return False
+    if not dims:
+        return True
+    shape = getattr(example_value(source), "shape", None)
+    return len(dims) == 1 and dims[0] in (0, -1, (0,), (-1,), [0], [-1]) and shape is not None and len(shape) == 1
+
+
+def sum_source(node):
+    """The tensor whose every element a sum node adds up (`t.sum()`, `torch.sum(t)`, `t.sum(0)` of a 1-D t), or
+    None. `int(t.sum())` and `t.sum().item()` both reach the host through the item that reads this node."""
+    if not isinstance(node, torch.fx.Node) or not node.args:
+        return None
+    is_sum = (node.op == "call_method" and node.target == "sum") \
+        or (node.op == "call_function" and node.target is torch.sum)
+    source = node.args[0]
+    if not is_sum or not isinstance(source, torch.fx.Node) or not _full_dim(node, source):
+        return None
+    return source
+
+
 # The reductions a host read may be taken over, by kind: each returns the reduced tensor (or None).
-REDUCTIONS = {"max": max_source}
+REDUCTIONS = {"max": max_source, "sum": sum_source}
 
 
 def reduction_of(node):
@@ -395,3 +425,96 @@ def row_stride_of(node, n: torch.fx.Node) -> bool:
         return False
     a, b = node.args
     return (_int_const(a) and a == 1 and b is n) or (_int_const(b) and b == 1 and a is n)
+
+
+# -- allocations and indptrs (the flat kv_indices rule) -----------------------------------------------------
+@dataclasses.dataclass
+class Alloc:
+    node: torch.fx.Node  # the allocation; its one size is the host value
+    fill: str  # "empty" or "zeros"
+
+
+_ALLOC_FUNCTIONS = {torch.empty: "empty", torch.zeros: "zeros"}
+_ALLOC_METHODS = {"new_empty": "empty", "new_zeros": "zeros"}
+_ALLOC_KWARGS = {"dtype", "device", "layout", "pin_memory", "requires_grad"}
+
+
+def as_alloc(user: torch.fx.Node, n: torch.fx.Node) -> Alloc | None:
+    """`torch.empty(n, ..)`, `torch.empty((n,), ..)`, `torch.zeros(n, ..)`, `x.new_empty(n)`, `x.new_zeros(n)`:
+    a 1-D allocation whose only size is `n` (and no gradient), else None."""
+    if user.op == "call_function" and user.target in _ALLOC_FUNCTIONS:
+        fill, sizes = _ALLOC_FUNCTIONS[user.target], list(user.args)
+    elif user.op == "call_method" and user.target in _ALLOC_METHODS and len(user.args) >= 1 \
+            and user.args[0] is not n:
+        fill, sizes = _ALLOC_METHODS[user.target], list(user.args[1:])
+    else:
+        return None
+    if "size" in user.kwargs:
+        sizes = sizes + [user.kwargs["size"]]
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = list(sizes[0])
+    if sizes != [n] or any(k not in _ALLOC_KWARGS | {"size"} for k in user.kwargs) \
+            or user.kwargs.get("requires_grad", False):
+        return None
+    return Alloc(user, fill)
+
+
+def cumsum_source(node):
+    """L for `torch.cumsum(L, 0)`, `torch.cumsum(L, dim=0)`, `L.cumsum(0)` of a 1-D int L (an int dtype= too)."""
+    if not isinstance(node, torch.fx.Node) or not node.args:
+        return None
+    if not ((node.op == "call_function" and node.target is torch.cumsum)
+            or (node.op == "call_method" and node.target == "cumsum")):
+        return None
+    source = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not isinstance(source, torch.fx.Node) or dim not in (0, -1) or len(node.args) > 2 \
+            or any(k not in ("dim", "dtype") for k in node.kwargs):
+        return None
+    shape = getattr(example_value(source), "shape", None)
+    if shape is None or len(shape) != 1 or dtype_of(source) not in INT_DTYPES or dtype_of(node) not in INT_DTYPES:
+        return None
+    return source
+
+
+def _is_zero_vector(node) -> bool:
+    """`torch.zeros(1, ..)`, `torch.zeros((1,), ..)` or `x.new_zeros(1)` of an int dtype."""
+    if not isinstance(node, torch.fx.Node) or dtype_of(node) not in INT_DTYPES:
+        return False
+    value = example_value(node)
+    if tuple(getattr(value, "shape", ())) != (1,):
+        return False
+    if node.op == "call_function" and node.target is torch.zeros:
+        return all(k in _ALLOC_KWARGS for k in node.kwargs)
+    return node.op == "call_method" and node.target == "new_zeros" and all(k in _ALLOC_KWARGS for k in node.kwargs)
+
+
+def indptr_of(node):
+    """(L, the nodes of the spelling) for an indptr of lengths L: the cumulative sum with a leading 0,
+    `F.pad(cumsum(L, 0), (1, 0))` or `torch.cat([zeros(1), cumsum(L, 0)])`, through value-keeping casts
+    (widening only). None for any other spelling."""
+    root, passed = strip_kept_values(node, allow_moves=False, allow_narrowing=False)
+    if not isinstance(root, torch.fx.Node) or root.op != "call_function":
+        return None
+    pads = (torch.nn.functional.pad, getattr(torch._C._nn, "pad", None))
+    if root.target in pads and len(root.args) >= 2:
+        widths = root.args[1]
+        mode = root.args[2] if len(root.args) > 2 else root.kwargs.get("mode", "constant")
+        value = root.args[3] if len(root.args) > 3 else root.kwargs.get("value")
+        if (tuple(widths) if isinstance(widths, (tuple, list)) else None) != (1, 0) or mode != "constant" \
+                or value not in (None, 0) or any(k not in ("mode", "value") for k in root.kwargs):
+            return None
+        cumsum = root.args[0]
+    elif root.target is torch.cat and root.args:
+        parts = root.args[0]
+        dim = root.args[1] if len(root.args) > 1 else root.kwargs.get("dim", 0)
+        if not isinstance(parts, (tuple, list)) or len(parts) != 2 or dim not in (0, -1) \
+                or not _is_zero_vector(parts[0]) or any(k != "dim" for k in root.kwargs):
+            return None
+        cumsum = parts[1]
+    else:
+        return None
+    lengths = cumsum_source(cumsum)
+    if lengths is None:
+        return None
+    return lengths, [*passed, root, cumsum]

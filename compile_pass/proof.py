@@ -67,6 +67,12 @@ REASONS: dict[str, str] = {
     "width_use": "the allocated table's width is used by something other than the allocation and the writer's "
                  "row stride",
     "writer_grid": "the bounded writer's launch grid is not (rows of the table, 1, 1)",
+    # the flat kv_indices rule (rules/flat_kv_indices.py): a sum sizing a buffer that is read through an indptr
+    "not_lengths": "the sum is over a tensor that is not a lengths input (a 1-D int32/int64 graph input)",
+    "sum_use": "the sum is used as something other than the size of an allocation",
+    "buffer_use": "the buffer sized by the sum reaches something other than one bounded writer (as its out) and "
+                  "readers through an indptr of the same lengths",
+    "indptr_differs": "the indptr is not the cumulative sum, with a leading 0, of the lengths that were summed",
 }
 
 

@@ -84,3 +84,4 @@ def rules_fingerprint() -> str:
 
 from . import allocated_table  # noqa: E402,F401  (the allocated-table rule; first: the first match wins)
 from . import page_table  # noqa: E402,F401  (registers the page-table max rule)
+from . import flat_kv_indices  # noqa: E402,F401  (registers the flat kv_indices sum rule)
