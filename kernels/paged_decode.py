@@ -39,9 +39,13 @@ TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per
 # (width x page_size, a static shape: under the compile pass the table is max_context_len wide). `path`: "auto"
 # (by shape, as just said), "short" or "split" (forced, for tests and benchmarks). The split count follows
 # num_splits_for's rule with this dict's values. Large batches never take it: their launch is the code above.
-# TUNING: not yet measured on a GPU (issue 22); the values start from the split path's and
-# benchmarks/paged_decode.py --compare --sweep-short sweeps them.
-SHORT_TUNING = {"path": "auto", "max_keys": 16384, "block_n": 64, "programs_per_sm": 8, "max_splits": 64,
+# TUNING, H200 2026-12-01 (benchmarks/results/paged_decode_short.json, `run_h200.sh short`): the short path LOST
+# to the split path at every shape it was meant for (B=1 4K: 17.1 vs 13.3 us at page size 1, 18.6 vs 15.4 at 16;
+# B=1 8K: 24.0 vs 16.3 / 25.5 vs 18.6; B=4 8K: 52.9 vs 42.8 / 54.7 vs 47.5), the best of 29 launch settings
+# included: the last-program combine serialises a read of every split's partials behind an atomic, which costs
+# more than the second launch it saves. So nothing selects it ("split"); "auto" keeps the shape rule for
+# experiments. The fix issue 22 asks for is another kernel shape (one program over all KV heads of a page).
+SHORT_TUNING = {"path": "split", "max_keys": 16384, "block_n": 64, "programs_per_sm": 8, "max_splits": 64,
                 "min_blocks_per_split": 2, "num_warps": 4, "num_stages": 2, "block_s": 64}
 
 
