@@ -68,3 +68,12 @@ def insert_value_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, wi
     within = insert_call(graph, before, torch.ops.aten.le.Tensor, (lengths, most), before)
     every = insert_call(graph, before, torch.ops.aten.all.default, (within,), before)
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
+
+
+def flat_tensors(value) -> list:
+    """The tensors in a (nested) tuple/list value, in order: a node's outputs, for comparing shapes."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in flat_tensors(v)]
+    return []

@@ -62,7 +62,7 @@ from .._compat import example_value, fake_mode_of
 from ..consumers import bind_arguments, facts_of, lookup_facts, overload_name, register_facts, \
     schema_argument_names, unregister_facts, _resolve
 from ..find_sync_points import SyncPoint
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
+from ..fx_util import flat_tensors, erase_if_dead, insert_call, insert_device_assert, node_location
 from ..mutations import written_by
 from ..normalize import (ARITHMETIC, ASSERTS, COMPARES, INT_DTYPES, SYM_SIZE, as_alloc, constant_add, dtype_of,
                          indptr_of, strip_kept_values)
@@ -200,14 +200,6 @@ def _is_op(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and (
         isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
         or getattr(node.target, "_opoverload", None) is not None)
-
-
-def _flat_tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flat_tensors(v)]
-    return []
 
 
 class _Walk:
@@ -384,7 +376,7 @@ class _Walk:
         except Exception as e:  # the op rejects the static buffer: it is not what its facts say
             raise Unsafe("output_changes", f"{facts.name} rejects the static buffer on fake tensors "
                                            f"({type(e).__name__}: {e})") from None
-        flat_before, flat_after = _flat_tensors(before), _flat_tensors(after)
+        flat_before, flat_after = flat_tensors(before), flat_tensors(after)
         same = len(flat_before) == len(flat_after) and all(
             [str(s) for s in a.shape] == [str(s) for s in b.shape] and a.dtype == b.dtype
             for a, b in zip(flat_before, flat_after))

@@ -42,7 +42,8 @@ import torch.fx
 from .._compat import example_value, fake_mode_of, placeholder_source_name
 from ..consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer, schema_argument_names
 from ..find_sync_points import SyncPoint, attribute_name
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, insert_value_assert, node_location
+from ..fx_util import (erase_if_dead, flat_tensors, insert_call, insert_device_assert, insert_value_assert,
+                       node_location)
 from ..mutations import WriteLog, region_body
 from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM_SIZE, arange_step, as_gather,
                          ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor, is_value_cast,
@@ -558,8 +559,8 @@ class _Walk:
         except Exception as e:  # the op rejects the static table: it is not what its facts say
             raise Unsafe("output_changes", f"{entry.name} rejects the static page table on fake tensors "
                                            f"({type(e).__name__}: {e})") from None
-        flat_before = _flat_tensors(before)
-        flat_after = _flat_tensors(after)
+        flat_before = flat_tensors(before)
+        flat_after = flat_tensors(after)
         same = len(flat_before) == len(flat_after) and all(
             [str(s) for s in a.shape] == [str(s) for s in b.shape] and a.dtype == b.dtype
             for a, b in zip(flat_before, flat_after))
@@ -661,14 +662,6 @@ class _Walk:
         return PageTablePlan(self.point, self.bound, bound_source, tuple(self.gathers), tuple(self.bounds),
                              tuple(self.offsets), tuple(self.swaps), tuple(self.checks), tuple(self.escapes),
                              frozenset(touches), frozenset(self.disjoint))
-
-
-def _flat_tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flat_tensors(v)]
-    return []
 
 
 def _shapes(tensors) -> str:
