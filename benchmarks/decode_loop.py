@@ -2,7 +2,8 @@
 SwiGLU 14336, vocab 128256, bf16 random weights, ~16 GB), against the bandwidth bound.
 
     python benchmarks/decode_loop.py [--batches 1 8 64] [--contexts 4096 32768] [--steps 128]
-                                     [--variants a b e f] [--cold-compile] [--profile] [--json out.json]
+                                     [--variants a b e f] [--regional] [--cold-compile [--warm-compile]]
+                                     [--profile] [--json out.json]
 
 Every request starts from a prompt context of the given length (its KV already in the pool, random) and
 generates --steps tokens greedily; lengths grow by one every step, and between steps the loop updates the
@@ -17,6 +18,14 @@ embedding table, plus the live K and V of every layer, averaged over the loop) o
 measured in the same run; each variant's share of it. With --cold-compile, the first call of (e) and of (b)
 (B=1, first context) each run in a fresh process with empty Inductor and Triton caches: their time is the cold
 compile, and for (e) the report says how much of it the pass itself took (SyncReport.pass_seconds).
+With --warm-compile, each cold process is followed by a second fresh process on the same cache directories: its
+first call is the warm-cache start (Dynamo traces again; AOT, Inductor and Triton artifacts come from the caches).
+With --regional the model is built with TinyLlamaConfig(regional=True): each layer runs as two
+torch.compiler.nested_compile_region calls (the KV write between them), so Dynamo traces one layer body and
+stamps it out; every variant runs that same model ((a) in eager, where the regions are plain calls, (b) stock
+torch.compile, (e) the backend, (f) stock with the static table), and the cold processes get the flag too.
+Per compiled variant the JSON records Inductor's "Created N graph partitions" lines (TORCH_LOGS=cudagraphs; logged
+when Inductor compiles, not on an FX-graph-cache hit) and the cudagraph-skip counters of its first call.
 A (B, context) whose KV pool does not fit the GPU next to the weights is skipped, with the bytes it needed.
 """
 
@@ -35,6 +44,7 @@ import torch
 
 import compile_pass
 from _common import apply_tuning, copy_bandwidth_tbs, environment, require_cuda, write_json
+from compile_pass._compat import CudagraphSkips
 from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
 
 LLAMA3_8B = dict(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=14336)
@@ -50,7 +60,7 @@ def model_config(args, batch: int, contexts: list[int]) -> TinyLlamaConfig:
     max_len = round_up(max(contexts) + args.steps, PAGE_SIZE)
     return TinyLlamaConfig(**shape, page_size=PAGE_SIZE, max_context_len=max_len,
                            num_pages=batch * max_len // PAGE_SIZE, max_requests=batch, attention="paged_decode",
-                           metadata="item", dtype=torch.bfloat16)
+                           metadata="item", dtype=torch.bfloat16, regional=args.regional)
 
 
 def kv_pool_bytes(config: TinyLlamaConfig) -> int:
@@ -126,14 +136,18 @@ def cold_compile(args) -> dict:
     loop = Loop(config, 1)
     loop.set_context(args.contexts[0])
     fn = make_variant(args.cold_compile, model, k_pool, v_pool, config)
+    before = cudagraph_counters()
+    with CudagraphSkips() as log:
+        start = time.perf_counter()
+        fn(loop.fb)
+        torch.cuda.synchronize()
+        first_call = time.perf_counter() - start
     start = time.perf_counter()
     fn(loop.fb)
     torch.cuda.synchronize()
-    first_call = time.perf_counter() - start
-    start = time.perf_counter()
-    fn(loop.fb)
-    torch.cuda.synchronize()
-    result = dict(variant=args.cold_compile, first_call_s=first_call, second_call_s=time.perf_counter() - start)
+    result = dict(variant=args.cold_compile, regional=args.regional, first_call_s=first_call,
+                  second_call_s=time.perf_counter() - start, partitions=log.partitions(),
+                  cudagraph_counters=counters_since(before))
     if args.cold_compile == "e":
         report = compile_pass.reports(fn)
         merged = compile_pass.SyncReport.merge(report) if report else None
@@ -177,6 +191,16 @@ def kernel_time_by_kind(step, steps: int = 5) -> dict:
                                              if e.device_type == torch.autograd.DeviceType.CUDA) / steps)
 
 
+def cudagraph_counters() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+
+
+def counters_since(before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in cudagraph_counters().items() if v - before.get(k, 0)}
+
+
 def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
     def step(fb):
         return model(fb, k_pool, v_pool)
@@ -194,27 +218,49 @@ def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
 
 
 def measure_cold_compiles(args) -> dict:
-    """(e) and (b) cold, each in its own process with empty caches (run before this process takes the GPU)."""
+    """(e) and (b) cold, each in its own process with empty caches (run before this process takes the GPU); with
+    --warm-compile, then once more in a second fresh process on the same (now filled) caches."""
     out = {}
     for variant in ("e", "b"):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
-            cmd = [sys.executable, __file__, "--cold-compile-variant", variant, "--layers", str(args.layers),
-                   "--steps", str(args.steps), "--contexts", str(args.contexts[0])]
-            if args.tuning:
-                cmd += ["--tuning", args.tuning]
-            print(f"cold compile of ({variant}) in a fresh process ...", flush=True)
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("COLD ")]
-            if proc.returncode != 0 or not lines:
-                out[variant] = dict(error=(proc.stderr or proc.stdout)[-1500:])
-            else:
-                out[variant] = json.loads(lines[-1][5:])
-            print(f"  ({variant}): {out[variant]}", flush=True)
+            cmd = cold_command(args, variant)
+            out[variant] = run_first_call(cmd, env, args.cold_timeout, f"cold compile of ({variant})")
+            if args.warm_compile and "error" not in out[variant]:
+                out[variant]["warm"] = run_first_call(cmd, env, args.cold_timeout,
+                                                      f"warm-cache start of ({variant})")
     return out
 
 
-def main():
+def cold_command(args, variant: str) -> list[str]:
+    """The command line of one variant's first call in a fresh process (this run's shape and flags)."""
+    cmd = [sys.executable, __file__, "--cold-compile-variant", variant, "--layers", str(args.layers),
+           "--steps", str(args.steps), "--contexts", str(args.contexts[0])]
+    if args.regional:
+        cmd.append("--regional")
+    if args.tuning:
+        cmd += ["--tuning", args.tuning]
+    return cmd
+
+
+def run_first_call(cmd, env, timeout, what) -> dict:
+    """One fresh process running one variant's first call (its COLD line), or the error it ended with."""
+    print(f"{what} in a fresh process ...", flush=True)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        result = dict(error=f"timed out after {timeout} s")
+    else:
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("COLD ")]
+        if proc.returncode != 0 or not lines:
+            result = dict(error=(proc.stderr or proc.stdout)[-1500:])
+        else:
+            result = json.loads(lines[-1][5:])
+    print(f"  {what}: {result}", flush=True)
+    return result
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
@@ -225,20 +271,32 @@ def main():
     parser.add_argument("--layers", type=int, default=LLAMA3_8B["layers"])
     parser.add_argument("--variants", nargs="+", default=list("abef"), choices=list("abef"))
     parser.add_argument("--cold-compile", action="store_true", help="measure (e)'s and (b)'s cold compile first")
+    parser.add_argument("--warm-compile", action="store_true",
+                        help="with --cold-compile: also each variant's first call in a second fresh process on the "
+                             "same caches (the warm-cache start)")
+    parser.add_argument("--regional", action="store_true",
+                        help="build the model with TinyLlamaConfig(regional=True): two nested_compile_region calls "
+                             "per layer, one traced layer body stamped out")
     parser.add_argument("--cold-timeout", type=int, default=300)
     parser.add_argument("--profile", action="store_true",
                         help="where (e)'s and (f)'s step time goes, by kind of kernel, at each batch's first context")
     parser.add_argument("--cold-compile-variant", dest="cold_compile", help=argparse.SUPPRESS)
     parser.add_argument("--json")
     parser.add_argument("--tuning", help="paged_decode launch values (JSON) to use instead of the committed TUNING")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     apply_tuning(args.tuning)
     plan = parse_plan(args.plan) if args.plan else {b: list(args.contexts) for b in args.batches}
     require_cuda()
     if args.cold_compile in ("e", "b"):
         print("COLD " + json.dumps(cold_compile(args)), flush=True)
         return
-    result = dict(env=environment(), steps=args.steps, layers=args.layers, rows=[])
+    if args.warm_compile and not args.cold_compile:
+        raise SystemExit("--warm-compile goes with --cold-compile")
+    result = dict(env=environment(), steps=args.steps, layers=args.layers, regional=args.regional, rows=[])
     if args.cold_compile:
         result["cold_compile"] = measure_cold_compiles(args)
         write_json(args.json, result)
@@ -288,20 +346,26 @@ def main():
             loop.reset()
             reference = variants["a"](loop.fb).float() if "a" in variants else None
             for name, fn in variants.items():
+                skips, before = CudagraphSkips(), cudagraph_counters()
                 try:
                     start = time.perf_counter()
-                    if name == "f":
-                        hand_graph = hand_graph or capture_by_hand(fn, loop)  # the buffers stay: one capture
-                        step = hand_graph
-                    else:
+                    if name != "f":
                         step = (lambda f=fn: f(loop.fb))
                         if name == "e":
                             step = with_step_marker(step)
                     loop.reset()
-                    first = step()
+                    with skips:
+                        if name == "f":
+                            hand_graph = hand_graph or capture_by_hand(fn, loop)  # the buffers stay: one capture
+                            step = hand_graph
+                        first = step()
                     if reference is not None:
                         row[f"{name}_max_abs_err"] = (first.float() - reference).abs().max().item()
                     row[f"{name}_first_call_s"] = time.perf_counter() - start
+                    if name != "a":
+                        if skips.partitions():
+                            row[f"{name}_partitions"] = skips.partitions()
+                        row[f"{name}_cudagraph_counters"] = counters_since(before)
                     timing = run_loop(loop, step, args.steps)
                     row[f"{name}_us"] = timing["step_us"]
                     row[f"{name}_tokens_per_s"] = batch * args.steps / timing["wall_s"]

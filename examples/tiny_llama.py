@@ -45,6 +45,11 @@ class TinyLlamaConfig:
     metadata: str = "item"
     dtype: torch.dtype = torch.float32
     rope_theta: float = 10000.0
+    # Regional compilation, as a user writes it: each layer's work runs in two compiled regions
+    # (torch.compiler.nested_compile_region), so that Dynamo traces one layer body and stamps it out for every
+    # layer. The KV write (store_kv, a mutating custom op) sits between them, outside: AOT functionalization
+    # refuses a mutating custom op inside a region. Only for tp_size == 1 and attention == "paged_decode".
+    regional: bool = False
 
 
 @dataclasses.dataclass
@@ -73,6 +78,35 @@ def _rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
+def _attn_in(x, attn_norm, wqkv, positions, heads: int, kv_heads: int, head_dim: int, theta: float):
+    """A layer's first half up to the KV write: RMSNorm, the QKV projection, RoPE -> q, k, v [B, Sq, H, D]."""
+    bsz, sq = x.shape[0], x.shape[1]
+    h = _rms_norm(x, attn_norm)
+    qkv = h @ wqkv.t()
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q = _rope(q.view(bsz, sq, heads, head_dim), positions, theta)
+    k = _rope(k.view(bsz, sq, kv_heads, head_dim), positions, theta)
+    v = v.view(bsz, sq, kv_heads, head_dim)
+    return q, k, v
+
+
+def _attn_out_mlp(x, q, k_cache, v_cache, page_table, cache_seqlens, wo, mlp_norm, w_gate_up, w_down):
+    """A layer's second half after the KV write (one rank, paged_decode): attention through the page table,
+    o_proj, the residual, the SwiGLU MLP and its residual."""
+    bsz, sq = x.shape[0], x.shape[1]
+    o = torch.ops.syncfree.paged_decode(q, k_cache, v_cache, page_table, cache_seqlens)
+    x = x + o.reshape(bsz, sq, -1) @ wo.t()
+    gate, up = (_rms_norm(x, mlp_norm) @ w_gate_up.t()).chunk(2, dim=-1)
+    return x + (F.silu(gate) * up) @ w_down.t()
+
+
+# The same two functions as compiled regions. Module-level and fed only tensors and per-model constants (the
+# weights are arguments, the layer index stays outside), so every layer's call matches the first one's and
+# Dynamo traces each body once: two subgraphs, 2 x layers invoke_subgraph calls. In eager they are plain calls.
+attn_in_region = torch.compiler.nested_compile_region(_attn_in)
+attn_out_mlp_region = torch.compiler.nested_compile_region(_attn_out_mlp)
+
+
 class TinyLlama(torch.nn.Module):
     """With tp_size > 1 this is one rank's shard (Megatron-style tensor parallelism): the rank holds
     heads / tp_size query heads and kv_heads / tp_size KV heads (QKV column-parallel, o_proj row-parallel), and
@@ -90,6 +124,9 @@ class TinyLlama(torch.nn.Module):
                 raise ValueError(f"config.{name}={total} must divide evenly over tp_size={tp_size}")
         if not 0 <= tp_rank < tp_size:
             raise ValueError(f"tp_rank must be in [0, {tp_size}), got {tp_rank}")
+        if c.regional and (tp_size != 1 or c.attention != "paged_decode"):
+            raise ValueError(f"config.regional=True needs tp_size=1 and attention='paged_decode', got "
+                             f"tp_size={tp_size}, attention={c.attention!r}")
         self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
         self.local_heads, self.local_kv_heads = c.heads // tp_size, c.kv_heads // tp_size
         self.local_intermediate = c.intermediate // tp_size
@@ -208,14 +245,13 @@ class TinyLlama(torch.nn.Module):
         elif not cold:
             page_table, cache_seqlens, max_len = self.attention_metadata(fb)
         loc = fb.out_cache_loc.reshape(-1)
+        if c.regional:
+            if cold:
+                raise ValueError("config.regional=True runs the paged decode step only (cold=False)")
+            return self.regional_layers(x, fb, k_pool, v_pool, loc, page_table, cache_seqlens)
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.attn_norm)
-            qkv = h @ layer.wqkv.t()
-            heads, kv_heads = self.local_heads, self.local_kv_heads
-            q, k, v = qkv.split([heads * c.head_dim, kv_heads * c.head_dim, kv_heads * c.head_dim], -1)
-            q = _rope(q.view(bsz, sq, heads, c.head_dim), fb.positions, c.rope_theta)
-            k = _rope(k.view(bsz, sq, kv_heads, c.head_dim), fb.positions, c.rope_theta)
-            v = v.view(bsz, sq, kv_heads, c.head_dim)
+            q, k, v = _attn_in(x, layer.attn_norm, layer.wqkv, fb.positions, self.local_heads, self.local_kv_heads,
+                               c.head_dim, c.rope_theta)
             torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
             k_cache, v_cache = k_pool[i], v_pool[i]
             if cold:
@@ -226,6 +262,18 @@ class TinyLlama(torch.nn.Module):
             gate, up = (_rms_norm(x, layer.mlp_norm) @ layer.w_gate_up.t()).chunk(2, dim=-1)
             x = x + self.all_reduce((F.silu(gate) * up) @ layer.w_down.t())
         return _rms_norm(x, self.final_norm) @ self.lm_head.t()  # logits [B, Sq, vocab]
+
+    def regional_layers(self, x, fb, k_pool, v_pool, loc, page_table, cache_seqlens):
+        """config.regional: the same layers (the same ops, in the same order) as two compiled regions each, the
+        KV write between them."""
+        c = self.config
+        for i, layer in enumerate(self.layers):
+            q, k, v = attn_in_region(x, layer.attn_norm, layer.wqkv, fb.positions, self.local_heads,
+                                     self.local_kv_heads, c.head_dim, c.rope_theta)
+            torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
+            x = attn_out_mlp_region(x, q, k_pool[i], v_pool[i], page_table, cache_seqlens, layer.wo, layer.mlp_norm,
+                                    layer.w_gate_up, layer.w_down)
+        return _rms_norm(x, self.final_norm) @ self.lm_head.t()
 
 
 def make_batch(config: TinyLlamaConfig, lengths: list[int], draft: int = 1, device="cpu", seed: int = 0,

@@ -57,3 +57,15 @@ def test_plot_writes_a_png_of_the_rows(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="B=8"):
         plot_decode_loop.plot(loaded, [8], str(tmp_path / "none.png"))
+
+
+def test_regional_reaches_the_model_and_the_cold_processes():
+    args = decode_loop.parse_args(["--regional", "--cold-compile", "--warm-compile", "--contexts", "4096", "--steps",
+                                   "64"])
+    assert decode_loop.model_config(args, 1, args.contexts).regional is True
+    cmd = decode_loop.cold_command(args, "e")
+    assert "--regional" in cmd and cmd[cmd.index("--cold-compile-variant") + 1] == "e"
+    plain = decode_loop.parse_args([])
+    assert decode_loop.model_config(plain, 1, plain.contexts).regional is False
+    assert "--regional" not in decode_loop.cold_command(plain, "b")
+    assert not plain.warm_compile and not plain.cold_compile and plain.variants == list("abef")

@@ -62,6 +62,11 @@ def test_a_layer_stack_under_nested_compile_region_is_rewritten():
     graph = backend.graphs[-1].graph
     assert not [n for n in graph.nodes if n.op == "call_method" and n.target == "item"]
     assert sum(n.target is torch.ops.syncfree.page_table.default for n in graph.nodes) == 1
+    # The width Dynamo passed into each call is static now and left the region: Inductor wants node operands.
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 3 and all(isinstance(a, torch.fx.Node) for c in calls for a in c.args[2:]), calls
+    body = getattr(graph.owning_module, calls[0].args[0].target)
+    assert len([n for n in body.graph.nodes if n.op == "placeholder"]) == len(calls[0].args) - 2
 
 
 def test_casts_inside_the_region_are_seen_through():

@@ -88,8 +88,8 @@ class GatherPlan:
     terminal: torch.fx.Node  # the finished table (consumers get it, or a value-keeping cast of it)
     max_pages: int
     page_level: bool = False  # the table holds page ids, sliced by a page count (m + ps - 1) // ps
-    # (compiled-region call, argument index) where Dynamo passes the table's width into a region: the width
-    # becomes max_pages there
+    # (compiled-region call, width node) where Dynamo passes the table's width into a region (unused there): the
+    # width becomes max_pages, and the input leaves the region once every call of its body passes a constant
     width_operands: tuple = ()
 
 
@@ -186,7 +186,7 @@ class _Walk:
         self.gathers, self.bounds, self.offsets, self.swaps, self.checks, self.escapes = [], [], [], [], [], []
         self.producers = []  # (producer node, entry, [argument names], offset, relation)
         self.narrowed = False  # the table chain passed an int64 -> int32 cast
-        self.width_operands: list = []  # (region call, argument index) receiving the table's width
+        self.width_operands: list = []  # (region call, the width node it receives as an operand)
         self.disjoint: set = set()
 
     # -- lengths: the values a consumer guards by ---------------------------------------------------------
@@ -323,7 +323,7 @@ class _Walk:
                         if i >= len(placeholders) or placeholders[i].users:
                             raise Unsafe("table_size_read", f"the page table's width is used inside the compiled "
                                                             f"region {describe_use(user)}")
-                        self.width_operands.append((user, 2 + i))
+                        self.width_operands.append((user, sym))
                 continue
             if arange_step(user, of) is not None:
                 for index in user.users:  # the strided column index must serve only `of[:, index]`
@@ -803,8 +803,9 @@ class PageTableMax:
                 # before the table: the bound's own assertion speaks first (the op checks its capacity too)
                 checks.setdefault((lengths_of.get((first, group.lengths), group.lengths),
                                    plan.bound + group.length_offset), table)
-            for call, index in gather.width_operands:
-                call.update_arg(index, gather.max_pages)
+            for call, width in gather.width_operands:  # the width Dynamo passed in is static now
+                call.args = tuple(gather.max_pages if a is width else a for a in call.args)
+            _drop_constant_region_inputs(graph)
             dead += list(gather.bookkeeping) + list(gather.chain)
             level = ", from a page-level table" if gather.page_level else ""
             parts.append(f"page table -> syncfree.page_table width {gather.max_pages} (page_size "
@@ -842,6 +843,30 @@ class PageTableMax:
         dead += list(plan.offsets) + [plan.point.value] + list(plan.point.nodes) + [s.copy for s in plan.swaps]
         erase_if_dead(graph, dead)
         return "rewritten: " + "; ".join(parts)
+
+
+def _drop_constant_region_inputs(graph: torch.fx.Graph) -> None:
+    """A region's input that its body never reads and that every call of that body now passes as a constant
+    (the static width, where Dynamo passed the dynamic one) leaves the body and the calls: Inductor wants every
+    operand of invoke_subgraph to be a node. An input some call still passes as a node stays (another plan may
+    still rewrite it; unused, it costs nothing)."""
+    calls: dict[int, tuple] = {}
+    for node in graph.nodes:
+        region = region_body(node)
+        if region is not None:
+            calls.setdefault(id(region[0]), (region[0], []))[1].append(node)
+    for body, users in calls.values():
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        drop = [i for i, ph in enumerate(placeholders)
+                if not ph.users and all(len(c.args) == 2 + len(placeholders) for c in users)
+                and all(not isinstance(c.args[2 + i], torch.fx.Node) for c in users)]
+        if not drop:
+            continue
+        for c in users:
+            c.args = tuple(a for j, a in enumerate(c.args) if j - 2 not in drop)
+        for i in reversed(drop):
+            body.graph.erase_node(placeholders[i])
+        body.recompile()
 
 
 def _size_node(graph, before, lengths):

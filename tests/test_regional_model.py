@@ -1,0 +1,97 @@
+"""The reference decoder in regional mode (TinyLlamaConfig.regional: two torch.compiler.nested_compile_region
+calls per layer, the KV write between them): the same numbers as the plain model, one traced body per region
+stamped out for every layer, and the max rewritten through the real backend (Inductor)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import compile_pass
+from compile_pass._compat import capture_scalar_outputs, run_and_get_code
+from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
+from compile_pass.testing import host_reads_in_code
+
+LENGTHS = ([5, 17, 9], [40, 1, 128])
+
+
+def _models():
+    plain = TinyLlamaConfig(layers=2)
+    regional = dataclasses.replace(plain, regional=True)
+    return plain, TinyLlama(plain), regional, TinyLlama(regional)  # same seed: the same weights
+
+
+def _pools(model, seed=0):
+    k, v = model.new_kv_pool()
+    gen = torch.Generator().manual_seed(seed)
+    k.copy_(torch.randn(k.shape, generator=gen))
+    v.copy_(torch.randn(v.shape, generator=gen))
+    return k, v
+
+
+def _region_calls(graph: torch.fx.Graph):
+    calls = [n for n in graph.nodes
+             if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph]
+    return calls, {n.args[0].target for n in calls}
+
+
+def test_regional_eager_is_the_plain_model_exactly():
+    _, plain, _, regional = _models()
+    (k0, v0), (k1, v1) = _pools(plain), _pools(regional)
+    for draft in (1, 3):
+        for lengths in LENGTHS:
+            fb = make_batch(plain.config, lengths, draft=draft)
+            assert torch.equal(plain(fb, k0, v0), regional(fb, k1, v1))
+            assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def test_regional_dynamo_traces_one_body_per_region():
+    _, _, config, regional = _models()
+    k, v = _pools(regional)
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    with capture_scalar_outputs():
+        torch.compile(lambda fb: regional(fb, k, v), backend=capture, fullgraph=True)(make_batch(config, [5, 9]))
+    calls, bodies = _region_calls(seen[-1].graph)
+    assert len(calls) == 2 * config.layers and len(bodies) == 2, (len(calls), bodies)
+    stores = [n for n in seen[-1].graph.nodes if n.op == "call_function" and "store_kv" in str(n.target)]
+    assert len(stores) == config.layers  # the KV write stays outside the regions
+
+
+@pytest.mark.inductor
+def test_regional_compiled_through_the_backend_matches_eager():
+    _, plain, config, regional = _models()
+    (k0, v0), (k1, v1) = _pools(plain), _pools(regional)
+
+    def step(fb):
+        return regional(fb, k1, v1)
+
+    compiled = compile_pass.compile(step, max_context_len=config.max_context_len, fullgraph=True)
+    for i, lengths in enumerate(LENGTHS):
+        fb = make_batch(config, lengths)
+        expect = plain(fb, k0, v0)
+        got, codes = run_and_get_code(compiled, fb)
+        torch.testing.assert_close(got, expect, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(k1, k0)
+        torch.testing.assert_close(v1, v0)
+        if i == 0:
+            report = compile_pass.last_report()
+            assert len(report.rewritten) == 1 and report.syncs_remaining == 0, str(report)
+            assert report.post_grad["local_scalar_dense"] == 0 and report.post_grad["unbacked_symbols"] == []
+            assert codes and host_reads_in_code(codes) == 0
+    assert len(compile_pass.reports(compiled)) == 1  # one graph for every length
+
+
+def test_regional_mode_needs_one_rank_and_paged_decode():
+    with pytest.raises(ValueError, match="regional"):
+        TinyLlama(TinyLlamaConfig(regional=True, attention="fa4"))
+    with pytest.raises(ValueError, match="regional"):
+        TinyLlama(TinyLlamaConfig(regional=True), tp_size=2)
+    config = TinyLlamaConfig(regional=True)
+    model = TinyLlama(config)
+    with pytest.raises(ValueError, match="regional"):
+        model(make_batch(config, [5, 9], draft=2), *model.new_kv_pool(), cold=True)
