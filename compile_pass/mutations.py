@@ -29,6 +29,7 @@ import functools
 import math
 import operator
 import types
+import weakref
 from typing import Callable
 
 import torch
@@ -156,27 +157,49 @@ def region_body(node: torch.fx.Node):
     return body, list(node.args[2:])
 
 
-def _region_writes(node: torch.fx.Node, region) -> list[torch.fx.Node]:
-    """A region's writes seen through: the operands whose memory a node of the body writes (as if inlined)."""
-    body, operands = region
-    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(operands):
-        return _all_received(node)
+# body -> (its nodes when analysed, the body inputs it writes or None for "any"): a stack of identical layers calls
+# one body many times, and each call's writes are the body's, so the body is read once (again only if it changed).
+_BODY_WRITES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _body_writes(body: torch.fx.GraphModule) -> frozenset | None:
+    """Positions of the body's inputs whose memory a node of the body may write; None when it writes memory that
+    cannot be placed (then every input counts as written)."""
+    nodes = tuple(body.graph.nodes)
+    cached = _BODY_WRITES.get(body)
+    if cached is not None and cached[0] == nodes:
+        return cached[1]
     keys: dict = {}
-    for placeholder, operand in zip(placeholders, operands):
+    for i, placeholder in enumerate(n for n in nodes if n.op == "placeholder"):
         value = example_value(placeholder)
         if isinstance(value, torch.Tensor):
-            keys.setdefault(storage_id(value), []).append(operand)
-    written: list[torch.fx.Node] = []
-    for inner in body.graph.nodes:
+            keys.setdefault(storage_id(value), []).append(i)
+    written: set | None = set()
+    for inner in nodes:
         for target in written_by(inner):
             if not _may_hold_memory(target):
                 continue
             key = _key(example_value(target))
             if key is None:
-                return _all_received(node)  # a write to memory we cannot place: every operand
-            written.extend(o for o in keys.get(key, []) if isinstance(o, torch.fx.Node))
-    return written
+                written = None  # a write to memory we cannot place: every input
+                break
+            written.update(keys.get(key, []))
+        if written is None:
+            break
+    result = None if written is None else frozenset(written)
+    _BODY_WRITES[body] = (nodes, result)
+    return result
+
+
+def _region_writes(node: torch.fx.Node, region) -> list[torch.fx.Node]:
+    """A region's writes seen through: the operands whose memory a node of the body writes (as if inlined)."""
+    body, operands = region
+    if sum(1 for n in body.graph.nodes if n.op == "placeholder") != len(operands):
+        return _all_received(node)
+    positions = _body_writes(body)
+    if positions is None:
+        return _all_received(node)
+    return [operands[i] for i in sorted(positions) if isinstance(operands[i], torch.fx.Node)]
 
 
 def written_by(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -219,10 +242,6 @@ def written_by(node: torch.fx.Node) -> list[torch.fx.Node]:
     if name.startswith("wrapped_") and name[len("wrapped_"):] in PURE_NUMPY:
         return []
     return _all_received(node)  # unknown: numpy wrappers, allow_in_graph helpers, higher-order ops, ...
-
-
-def is_write_free(node: torch.fx.Node) -> bool:
-    return not written_by(node)
 
 
 class WriteLog:
