@@ -135,7 +135,7 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
 _BREAKS_SEEN = [0]
 
 
-def _new_graph_breaks(gm) -> list[SyncItem]:
+def _new_graph_breaks() -> list[SyncItem]:
     """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync."""
     reasons = _compat.graph_break_reasons()
     if len(reasons) < _BREAKS_SEEN[0]:  # torch._dynamo.reset() cleared them
@@ -155,7 +155,7 @@ def _new_graph_breaks(gm) -> list[SyncItem]:
 
 
 def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions):
-    breaks = _new_graph_breaks(gm)
+    breaks = _new_graph_breaks()
     report.kept.extend(item for item in breaks if item.host_sync)
     report.notes.extend(item.location + ": " + item.reason for item in breaks if not item.host_sync)
     if not _compat.capture_scalar_outputs_enabled():

@@ -18,11 +18,6 @@ def code_line(node: torch.fx.Node) -> str:
     return code[-1] if code else ""
 
 
-def is_call(node, *targets) -> bool:
-    """A call_function node of one of `targets` (or any call_function when none are given)."""
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (not targets or node.target in targets)
-
-
 def insert_call(graph: torch.fx.Graph, before: torch.fx.Node, target, args: tuple, like: torch.fx.Node, **kwargs):
     """Insert `target(*args, **kwargs)` before `before`, with `like`'s stack trace and a fake example value
     (Inductor's pre-grad passes read it)."""

@@ -518,3 +518,29 @@ def indptr_of(node):
     if lengths is None:
         return None
     return lengths, [*passed, root, cumsum]
+
+
+# -- checks on a host int -----------------------------------------------------------------------------------
+_FLIPPED = {operator.le: operator.ge, operator.ge: operator.le, operator.lt: operator.gt, operator.gt: operator.lt}
+
+
+def asserted_bound(compare, node):
+    """For a comparison of `node` with an int constant whose only users are asserts (`torch._check`, Dynamo's
+    `_assert_scalar`): ("upper", T) for node <= T (node < T gives T - 1, T >= node the same), ("lower", k) for
+    node >= k (node > k gives k + 1); None for anything else."""
+    if not (isinstance(compare, torch.fx.Node) and compare.op == "call_function" and len(compare.args) == 2
+            and not compare.kwargs):
+        return None
+    a, b = compare.args
+    if a is node and b is not node:
+        op, k = compare.target, b
+    elif b is node and a is not node:
+        op, k = _FLIPPED.get(compare.target), a
+    else:
+        return None
+    if op not in _FLIPPED or not _int_const(k):
+        return None
+    if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
+        return None
+    return {operator.le: ("upper", k), operator.lt: ("upper", k - 1),
+            operator.ge: ("lower", k), operator.gt: ("lower", k + 1)}[op]

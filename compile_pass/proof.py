@@ -13,8 +13,9 @@ import dataclasses
 import torch
 import torch.fx
 
-from ._compat import example_value
-from .fx_util import node_location
+from ._compat import example_value, fake_mode_of
+from .consumers import bind_arguments
+from .fx_util import flat_tensors, node_location
 from .mutations import WriteLog
 from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, strip_kept_values
 
@@ -185,3 +186,52 @@ class ProofContext:
                              f"{who} ({lengths.name}) does not hold the values the max was taken over "
                              f"({source.name}): the bound would not guard it")
         return LengthsRelation(lengths, root, tuple(chain), k, via_mirror)
+
+
+def _shapes(tensors) -> str:
+    return ", ".join(f"{[str(s) for s in t.shape]} {str(t.dtype).replace('torch.', '')}" for t in tensors)
+
+
+def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, overrides: dict | None = None,
+                       may_return_nothing: bool = False) -> None:
+    """A rewrite never changes what a consumer returns: `node`'s op, run on fake tensors with each node of `swap`
+    replaced by a fresh tensor of the given shape (its dtype and device kept) and the keyword arguments in
+    `overrides` set where the call passes them by keyword, must return the traced shapes and dtypes. Unsafe
+    ("output_changes") otherwise, or when it cannot be run. A node without a traced value counts as not checkable,
+    unless `may_return_nothing` (an op that writes its out argument and returns nothing)."""
+    before = example_value(node)
+    values = {n: example_value(n) for n in swap}
+    mode = fake_mode_of([*swap, node])
+    if (before is None and not may_return_nothing) or mode is None or any(v is None for v in values.values()):
+        raise Unsafe("output_changes", f"{who}'s outputs could not be checked on fake tensors")
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), example_value)
+    try:
+        with mode:
+            fresh = {n: torch.empty(shape, dtype=values[n].dtype, device=values[n].device) for n, shape in swap.items()}
+            args = tuple(fresh.get(a, v) if isinstance(a, torch.fx.Node) else v for a, v in zip(node.args, args))
+            kwargs = {k: (fresh.get(node.kwargs[k], v) if isinstance(node.kwargs[k], torch.fx.Node) else v)
+                      for k, v in kwargs.items()}
+            kwargs.update({k: v for k, v in (overrides or {}).items() if k in kwargs})
+            after = node.target(*args, **kwargs)
+    except Exception as e:  # the op rejects the static value: it is not what its facts say
+        raise Unsafe("output_changes", f"{who} rejects {what} on fake tensors ({type(e).__name__}: {e})") from None
+    flat_before, flat_after = flat_tensors(before), flat_tensors(after)
+    same = len(flat_before) == len(flat_after) and all(
+        [str(s) for s in a.shape] == [str(s) for s in b.shape] and a.dtype == b.dtype
+        for a, b in zip(flat_before, flat_after))
+    if not same:
+        raise Unsafe("output_changes", f"{who} at {node_location(node)} returns {_shapes(flat_before)} as traced and "
+                                       f"{_shapes(flat_after)} with {what}: its output depends on the dynamic size")
+
+
+def check_page_size(consumer: torch.fx.Node, entry, page_size: int) -> None:
+    """A page count is only a bound for a consumer whose pages hold exactly `page_size` keys (`page_size_of`)."""
+    if entry.page_size_of is None:
+        raise Unsafe("page_size", f"{entry.name} does not declare where its page size is (page_size_of): a page "
+                                  "count cannot be tied to it")
+    argument, dim = entry.page_size_of
+    value = example_value(bind_arguments(entry.name, consumer.args, consumer.kwargs).get(argument))
+    have = value.shape[dim] if isinstance(value, torch.Tensor) and value.ndim > dim else None
+    if have != page_size:
+        raise Unsafe("page_size", f"the page count uses pages of {page_size} but {entry.name}'s {argument} has "
+                                  f"pages of {have}")

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import torch.fx
 
-from ._compat import example_value
+from ._compat import example_value, placeholder_source_name
 from .find_sync_points import SyncPoint, find_cpu_mirrors, find_sync_points
 from .fx_util import node_location
 from .normalize import DEVICE_COPY_METHODS
@@ -38,18 +38,12 @@ class PassResult:
     disjoint_names: list = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
-    @property
-    def host_reads_left(self) -> bool:
-        return any(item.host_sync for item in self.kept)
-
 
 def _item(point: SyncPoint, reason: str, code: str = "", rule: str = "") -> SyncItem:
     return SyncItem(point.kind, point.location, reason, point.host_sync, point.code, code, rule)
 
 
 def _input_name(node: torch.fx.Node) -> str:
-    from ._compat import placeholder_source_name
-
     return placeholder_source_name(node) or node.name
 
 

@@ -29,9 +29,9 @@ from ..consumers import bind_arguments, facts_of, lookup_consumer, overload_name
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, ceil_div, dtype_of, is_narrowing, page_count,
-                         row_stride_of, strip_kept_values, sum_add, with_width)
-from ..proof import ProofContext, Unsafe, describe_use, why_not
+from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, dtype_of, is_narrowing,
+                         page_count, row_stride_of, strip_kept_values, sum_add, with_width)
+from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, describe_use, why_not
 from . import register_rule
 
 # page_table's helpers are imported where used: importing that module here would register its rule before this
@@ -151,21 +151,6 @@ class AllocatedTablePlan:
 
 
 # -- the proof --------------------------------------------------------------------------------------------
-def _lower_check(compare: torch.fx.Node, node: torch.fx.Node):
-    """k for a check `node >= k` (also `node > k-1`, `k <= node`, `k-1 < node`) whose users are only asserts."""
-    if compare.op != "call_function" or len(compare.args) != 2 or compare.kwargs:
-        return None
-    a, b = compare.args
-    forms = {(operator.ge, 0): b, (operator.gt, 0): b, (operator.le, 1): a, (operator.lt, 1): a}
-    side = 0 if a is node else 1 if b is node else None
-    k = forms.get((compare.target, side))
-    if not isinstance(k, int) or isinstance(k, bool):
-        return None
-    if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
-        return None
-    return k + 1 if compare.target in (operator.gt, operator.lt) else k
-
-
 def _in_grid(writer: torch.fx.Node, node: torch.fx.Node) -> bool:
     found = []
     torch.fx.node.map_arg(writer.kwargs.get("grid"), lambda n: found.append(n is node))
@@ -235,9 +220,9 @@ class _Walk:
                                                f"(m + {per_page - 1}) // {per_page}: it rounds the bound down")
                 self.follow_count(user, per_page, offset - (per_page - 1))
                 continue
-            k = _lower_check(user, node)
-            if k is not None:  # kept, exactly: max + offset >= k, on the device (no host read)
-                self.lower_checks.append((user, tuple(user.users), k - offset, self.device_source(user)))
+            bound = asserted_bound(user, node)
+            if bound is not None and bound[0] == "lower":  # kept, exactly: max + offset >= k, on the device
+                self.lower_checks.append((user, tuple(user.users), bound[1] - offset, self.device_source(user)))
                 continue
             entry = lookup_consumer(user) if user.op == "call_function" else None
             if entry is not None:
@@ -341,7 +326,7 @@ class _Walk:
             if entry.page_table is None or names != [entry.page_table]:
                 raise Unsafe("table_argument", f"the allocated table is passed to {entry.name} as {names}, not as its "
                                                "page-table argument")
-            self.check_page_size(user, entry, page_size)
+            check_page_size(user, entry, page_size)
             try:
                 self.ctx.check_no_writes(user, [allocation], "the allocated table", writer, self.disjoint)
             except Unsafe as e:
@@ -428,42 +413,11 @@ class _Walk:
         self.ctx.check_no_writes(writer, inputs, "the token table or the request indices", self.first, self.disjoint)
         return facts
 
-    def check_page_size(self, consumer, entry, page_size: int):
-        if entry.page_size_of is None:
-            raise Unsafe("page_size", f"{entry.name} does not declare where its page size is (page_size_of): a page "
-                                      "count cannot be tied to it")
-        argument, dim = entry.page_size_of
-        value = example_value(bind_arguments(entry.name, consumer.args, consumer.kwargs).get(argument))
-        have = value.shape[dim] if isinstance(value, torch.Tensor) and value.ndim > dim else None
-        if have != page_size:
-            raise Unsafe("page_size", f"the table counts pages of {page_size} but {entry.name}'s {argument} has "
-                                      f"pages of {have}")
-
     def check_outputs_keep(self, consumer, entry, table: torch.fx.Node, pages: int):
         """The consumer on fake tensors with the static-width table must return the same shapes and dtypes."""
-        before = example_value(consumer)
         tv = example_value(table)
-        mode = fake_mode_of([table, consumer])
-        if before is None or mode is None:
-            raise Unsafe("output_changes", f"{entry.name}'s outputs could not be checked on fake tensors")
-        args, kwargs = torch.fx.node.map_arg((consumer.args, consumer.kwargs), example_value)
-        try:
-            with mode:
-                static = torch.empty((tv.shape[0], pages), dtype=tv.dtype, device=tv.device)
-                args = tuple(static if a is table else v for a, v in zip(consumer.args, args))
-                kwargs = {k: (static if consumer.kwargs[k] is table else v) for k, v in kwargs.items()}
-                after = consumer.target(*args, **kwargs)
-        except Exception as e:
-            raise Unsafe("output_changes", f"{entry.name} rejects the static table on fake tensors "
-                                           f"({type(e).__name__}: {e})") from None
-        def flat(x):
-            return [t for t in (x if isinstance(x, (list, tuple)) else [x]) if isinstance(t, torch.Tensor)]
-
-        a, b = flat(before), flat(after)
-        if len(a) != len(b) or any([str(s) for s in x.shape] != [str(s) for s in y.shape] or x.dtype != y.dtype
-                                   for x, y in zip(a, b)):
-            raise Unsafe("output_changes", f"{entry.name} at {node_location(consumer)} returns other shapes with the "
-                                           "static table: its output depends on the table's width")
+        rows = tv.shape[0] if isinstance(tv, torch.Tensor) else None
+        check_outputs_keep(consumer, {table: (rows, pages)}, entry.name, "the static table")
 
     def plan(self, bound_source: str) -> AllocatedTablePlan:
         touches = set(self.point.nodes) | set(self.offsets)

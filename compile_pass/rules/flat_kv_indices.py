@@ -62,11 +62,11 @@ from .._compat import example_value, fake_mode_of
 from ..consumers import bind_arguments, facts_of, lookup_facts, overload_name, register_facts, \
     schema_argument_names, unregister_facts, _resolve
 from ..find_sync_points import SyncPoint
-from ..fx_util import flat_tensors, erase_if_dead, insert_call, insert_device_assert, node_location
+from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
 from ..mutations import written_by
 from ..normalize import (ARITHMETIC, ASSERTS, COMPARES, INT_DTYPES, SYM_SIZE, as_alloc, constant_add, dtype_of,
                          indptr_of, strip_kept_values)
-from ..proof import LengthsRelation, ProofContext, Unsafe, describe_use
+from ..proof import LengthsRelation, ProofContext, Unsafe, check_outputs_keep, describe_use
 from . import register_rule
 
 RULE = "flat_kv_indices"
@@ -360,29 +360,8 @@ class _Walk:
     def check_outputs_keep(self, node, facts, argument: str, args) -> None:
         """The op, run on fake tensors with the buffer at its static size, must return what it returned in the
         trace (same shapes, same dtypes): an output shaped by n would change."""
-        before = example_value(node)
-        buf = args[argument]
-        buf_value = example_value(buf)
-        mode = fake_mode_of([buf, node])
-        if buf_value is None or mode is None:
-            raise Unsafe("output_changes", f"{facts.name}'s outputs could not be checked on fake tensors")
-        call_args, call_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), example_value)
-        try:
-            with mode:
-                static = torch.empty((self.static_size(),), dtype=buf_value.dtype, device=buf_value.device)
-                call_args = tuple(static if a is buf else v for a, v in zip(node.args, call_args))
-                call_kwargs = {k: (static if node.kwargs[k] is buf else v) for k, v in call_kwargs.items()}
-                after = node.target(*call_args, **call_kwargs)
-        except Exception as e:  # the op rejects the static buffer: it is not what its facts say
-            raise Unsafe("output_changes", f"{facts.name} rejects the static buffer on fake tensors "
-                                           f"({type(e).__name__}: {e})") from None
-        flat_before, flat_after = flat_tensors(before), flat_tensors(after)
-        same = len(flat_before) == len(flat_after) and all(
-            [str(s) for s in a.shape] == [str(s) for s in b.shape] and a.dtype == b.dtype
-            for a, b in zip(flat_before, flat_after))
-        if not same:
-            raise Unsafe("output_changes", f"{facts.name} at {node_location(node)} returns other shapes with the "
-                                           "static buffer: its output depends on the sum")
+        check_outputs_keep(node, {args[argument]: (self.static_size(),)}, facts.name, "the static buffer",
+                           may_return_nothing=True)
 
     def static_size(self):
         return example_value(self.root).shape[0] * self.bound

@@ -39,17 +39,18 @@ import operator
 import torch
 import torch.fx
 
-from .._compat import example_value, fake_mode_of, placeholder_source_name
+from .._compat import example_value, placeholder_source_name
 from ..consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer, schema_argument_names
 from ..find_sync_points import SyncPoint, attribute_name
-from ..fx_util import (erase_if_dead, flat_tensors, insert_call, insert_device_assert, insert_value_assert,
+from ..fx_util import (erase_if_dead, insert_call, insert_device_assert, insert_value_assert,
                        node_location)
 from ..mutations import WriteLog, region_body
 from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM_SIZE, arange_step, as_gather,
-                         ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor, is_value_cast,
-                         is_narrowing, min_clamp, page_count, scalar_add, strip_kept_values,
+                         asserted_bound, ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor,
+                         is_narrowing, is_value_cast, min_clamp, page_count, scalar_add, strip_kept_values,
                          value_kept_input)
-from ..proof import LengthsRelation, ProofContext, Unsafe, describe_use, why_not
+from ..proof import (LengthsRelation, ProofContext, Unsafe, check_outputs_keep, check_page_size, describe_use,
+                     why_not)
 from . import Option, register_rule
 
 
@@ -187,6 +188,7 @@ class _Walk:
         self.producers = []  # (producer node, entry, [argument names], offset, relation)
         self.narrowed = False  # the table chain passed an int64 -> int32 cast
         self.width_operands: list = []  # (region call, the width node it receives as an operand)
+        self.body_logs: dict = {}  # compiled-region body -> its WriteLog
         self.disjoint: set = set()
 
     # -- lengths: the values a consumer guards by ---------------------------------------------------------
@@ -289,17 +291,9 @@ class _Walk:
 
     def is_user_check(self, compare: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
         """`torch._check(m + c <= T)` (or `<`): kept, as a device assertion on the lengths (no host read)."""
-        if compare.op != "call_function" or compare.target not in COMPARES or len(compare.args) != 2:
+        bound = asserted_bound(compare, node)
+        if bound is None or bound[0] != "upper":
             return False
-        a, b = compare.args
-        limits = {(operator.le, 0): b, (operator.lt, 0): b, (operator.ge, 1): a, (operator.gt, 1): a}
-        side = 0 if a is node else 1 if b is node else None
-        limit = limits.get((compare.target, side))
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            return False
-        if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
-            return False
-        strict = compare.target in (operator.lt, operator.gt)
         lengths = self.source_root
         mirrors = self.ctx.mirrors
         if lengths in mirrors and mirrors[lengths] is not None:
@@ -308,7 +302,7 @@ class _Walk:
                                      self.disjoint)
         self.ctx.check_no_writes(compare, [self.source_root, *self.source_chain], "the lengths",
                                  self.ctx.first([self.first, *self.source_chain]), self.disjoint)
-        self.checks.append(CheckPlan(compare, tuple(compare.users), lengths, limit - offset - (1 if strict else 0)))
+        self.checks.append(CheckPlan(compare, tuple(compare.users), lengths, bound[1] - offset))
         return True
 
     def bookkeeping_of(self, sym: torch.fx.Node, most: int, of: torch.fx.Node) -> list[torch.fx.Node]:
@@ -452,7 +446,7 @@ class _Walk:
                 raise Unsafe("table_argument", f"the page table is passed to {entry.name} as {names}, not as its "
                                                "page-table argument")
             if page_level is not None:
-                self.check_page_size(consumer_node, entry, page_level)
+                check_page_size(consumer_node, entry, page_level)
             if call is None:
                 lengths, k = self.relate(consumer_node, entry, offset)
             else:
@@ -520,7 +514,9 @@ class _Walk:
             raise Unsafe("lengths_differ", f"{entry.name}'s {entry.lengths} inside the compiled region "
                                            f"{describe_use(call)} is not an input of the region (through casts)")
         outer = operands[placeholders.index(root)]
-        inner_log = WriteLog(body.graph)
+        inner_log = self.body_logs.get(body)
+        if inner_log is None:  # one body serves every layer's call: read its writes once
+            inner_log = self.body_logs[body] = WriteLog(body.graph)
         table_input = inner_table if inner_table in placeholders else inner_table.args[0]
         writer = inner_log.first_write([root, table_input], next(iter(body.graph.nodes)), inner_consumer)
         if writer is not None:
@@ -536,51 +532,14 @@ class _Walk:
         return outer, rel.offset
 
     def check_outputs_keep(self, consumer_node, entry: SelfGuardingConsumer, via: torch.fx.Node, max_pages: int):
-        """The consumer, run on fake tensors with the static table (in the dtype eager gave it), must return what
-        it returned in the trace: same shapes, same dtypes. A per-column output would widen: keep."""
-        before = example_value(consumer_node)
-        table_value = example_value(via)
-        mode = fake_mode_of([via, consumer_node])
-        if before is None or table_value is None or mode is None:
-            raise Unsafe("output_changes", f"{entry.name}'s outputs could not be checked on fake tensors")
-        args, kwargs = torch.fx.node.map_arg((consumer_node.args, consumer_node.kwargs), example_value)
+        """The consumer, run on fake tensors with the static table (in the dtype eager gave it) and its upper bounds
+        at the bound, must return what it returned in the trace. A per-column output would widen: keep."""
         names = bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs)
-        try:
-            with mode:
-                static = torch.empty((table_value.shape[0], max_pages), dtype=table_value.dtype,
-                                     device=table_value.device)
-                position = [i for i, a in enumerate(consumer_node.args) if a is via]
-                args = tuple(static if i in position else a for i, a in enumerate(args))
-                kwargs = {k: (static if consumer_node.kwargs[k] is via else v) for k, v in kwargs.items()}
-                for name in entry.upper_bounds:
-                    if isinstance(names.get(name), torch.fx.Node) and name in kwargs:
-                        kwargs[name] = self.bound
-                after = consumer_node.target(*args, **kwargs)
-        except Exception as e:  # the op rejects the static table: it is not what its facts say
-            raise Unsafe("output_changes", f"{entry.name} rejects the static page table on fake tensors "
-                                           f"({type(e).__name__}: {e})") from None
-        flat_before = flat_tensors(before)
-        flat_after = flat_tensors(after)
-        same = len(flat_before) == len(flat_after) and all(
-            [str(s) for s in a.shape] == [str(s) for s in b.shape] and a.dtype == b.dtype
-            for a, b in zip(flat_before, flat_after))
-        if not same:
-            raise Unsafe("output_changes", f"{entry.name} at {node_location(consumer_node)} returns "
-                                           f"{_shapes(flat_before)} with the traced table and {_shapes(flat_after)} "
-                                           "with the static one: its output depends on the table's width")
-
-    @staticmethod
-    def check_page_size(consumer_node, entry: SelfGuardingConsumer, page_size: int):
-        """A page count is only a bound for a consumer whose pages hold exactly `page_size` keys."""
-        if entry.page_size_of is None:
-            raise Unsafe("page_size", f"{entry.name} does not declare where its page size is (page_size_of): a "
-                                      "page count cannot be tied to it")
-        argument, dim = entry.page_size_of
-        value = example_value(bind_arguments(entry.name, consumer_node.args, consumer_node.kwargs).get(argument))
-        have = getattr(value, "shape", (None,) * (dim + 1))[dim] if value is not None else None
-        if have != page_size:
-            raise Unsafe("page_size", f"the page count uses pages of {page_size} but {entry.name}'s {argument} has "
-                                      f"pages of {have}")
+        table_value = example_value(via)
+        rows = table_value.shape[0] if isinstance(table_value, torch.Tensor) else None
+        check_outputs_keep(consumer_node, {via: (rows, max_pages)}, entry.name, "the static page table",
+                           {name: self.bound for name in entry.upper_bounds
+                            if isinstance(names.get(name), torch.fx.Node)})
 
     def cast_branch(self, cast: torch.fx.Node, table: torch.fx.Node) -> list[tuple]:
         """The consumers behind a value-keeping cast of the finished table; Unsafe for any other use."""
@@ -662,10 +621,6 @@ class _Walk:
         return PageTablePlan(self.point, self.bound, bound_source, tuple(self.gathers), tuple(self.bounds),
                              tuple(self.offsets), tuple(self.swaps), tuple(self.checks), tuple(self.escapes),
                              frozenset(touches), frozenset(self.disjoint))
-
-
-def _shapes(tensors) -> str:
-    return ", ".join(f"{[str(s) for s in t.shape]} {str(t.dtype).replace('torch.', '')}" for t in tensors)
 
 
 def _site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
@@ -878,11 +833,6 @@ def _size_node(graph, before, lengths):
         node = graph.call_function(SYM_SIZE, (lengths, 0))
     node.meta["example_value"] = size
     return node
-
-
-def _target_name(node: torch.fx.Node) -> str:
-    target = node.target
-    return getattr(target, "__name__", str(target))
 
 
 def _set_argument(node: torch.fx.Node, name: str, value) -> None:
