@@ -506,9 +506,9 @@ class AllocatedTableMax:
             raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
         if ctx.options.max_context_len is None:
             raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists")
-        from .page_table import _site_bound
+        from .page_table import site_bound
 
-        bound, bound_source = _site_bound(read.source, ctx)
+        bound, bound_source = site_bound(read.source, ctx)
         walk = _Walk(read, ctx, bound)
         walk.follow_value(read.value, 0)
         if not walk.tables:

@@ -623,7 +623,7 @@ class _Walk:
                              frozenset(touches), frozenset(self.disjoint))
 
 
-def _site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
+def site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
     """The static bound of the values a max is taken over, per site: max_context_len for a lengths input,
     options['length_bounds'][name] for a declared input, the sum for a sum of inputs (at most one of them
     undeclared), plus constants added. Unsafe when no bound is known."""
@@ -688,7 +688,7 @@ class PageTableMax:
             raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
                                      "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
         try:
-            bound, bound_source = _site_bound(read.source, ctx)
+            bound, bound_source = site_bound(read.source, ctx)
             unbounded = None
         except Unsafe as e:  # a use the rule refuses says more than the missing bound: look for one first
             bound, bound_source, unbounded = ctx.options.max_context_len, "", e
