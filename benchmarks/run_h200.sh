@@ -15,6 +15,8 @@
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
+#   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps,
+#              cudagraphs=True, replayed under sync debug "error", equal to eager, partitions counted
 #   pagetable-tests  pytest -m gpu tests/test_gpu_page_table.py (the page-table op against eager indexing on CUDA)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
 #   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
@@ -94,6 +96,10 @@ for stage in "$@"; do
       # paged_decode's short-context path against the split path (and a launch sweep of it): table + JSON
       TAIL=45 bench "${SHORT_LIMIT:-330}" paged_decode_short paged_decode.py --compare --sweep-short \
         --json "$OUT/paged_decode_short.json"
+      ;;
+    engine-steps)
+      # issue 20's MLA-style, indptr, flat kv_indices and regional steps under cudagraphs (engine_steps_gpu.py)
+      TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py --json "$OUT/engine_steps.json"
       ;;
     pagetable-tests)
       timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu_page_table.py \
