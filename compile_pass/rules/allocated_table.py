@@ -29,9 +29,10 @@ from ..consumers import bind_arguments, facts_of, lookup_consumer, overload_name
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, dtype_of, is_narrowing,
+from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, is_narrowing,
                          page_count, row_stride_of, strip_kept_values, sum_add, with_width)
-from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, describe_use, why_not
+from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, check_page_size, describe_use, \
+    why_not
 from . import register_rule
 
 # page_table's helpers are imported where used: importing that module here would register its rule before this
@@ -498,14 +499,7 @@ class AllocatedTableMax:
         return read.is_max and _sizes_an_allocation(read.value)
 
     def prove(self, read: SyncPoint, ctx: ProofContext) -> AllocatedTablePlan:
-        if dtype_of(read.source) not in INT_DTYPES:
-            raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
-                                            "lengths")
-        numel = getattr(example_value(read.source), "numel", lambda: None)()
-        if isinstance(numel, int) and numel == 0:
-            raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists")
+        check_max_of_lengths(read, ctx)
         from .page_table import site_bound
 
         bound, bound_source = site_bound(read.source, ctx)

@@ -50,7 +50,7 @@ from ..find_sync_points import SyncPoint
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
 from ..normalize import INT_DTYPES, asserted_bound, cumsum_source, dtype_of, indptr_of, scalar_add, \
     strip_kept_values
-from ..proof import ProofContext, Unsafe, check_outputs_keep, describe_use, why_not
+from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, describe_use, why_not
 from . import register_rule
 
 RULE = "indptr_bound"
@@ -291,15 +291,7 @@ class IndptrBoundMax:
         return read.is_max and _reaches_consumer(read.value)
 
     def prove(self, read: SyncPoint, ctx: ProofContext) -> IndptrBoundPlan:
-        if dtype_of(read.source) not in INT_DTYPES:
-            raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
-                                            "lengths")
-        numel = getattr(example_value(read.source), "numel", lambda: None)()
-        if isinstance(numel, int) and numel == 0:
-            raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
-                                     "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
+        check_max_of_lengths(read, ctx)
         from .page_table import site_bound  # imported here: page_table registers its rule after this one
 
         bound, bound_source = site_bound(read.source, ctx)
