@@ -11,7 +11,8 @@
 #   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_gpu_page_table.py tests/test_tp.py; the
 #              2-GPU test skips on one GPU)
 #   memcheck   compute-sanitizer --tool memcheck on benchmarks/memcheck_page_table.py (the page-table ops on
-#              strided, expanded, negative, out-of-range and past-bound inputs), with the caching allocator off
+#              strided, expanded, negative, out-of-range and past-bound inputs) and memcheck_paged_decode.py
+#              (paged_decode's paths, ragged_extend_attention, kv_indices), with the caching allocator off
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
@@ -82,9 +83,13 @@ for stage in "$@"; do
       if [ -z "$sanitizer" ]; then
         echo "memcheck: compute-sanitizer not found" | tee "$OUT/memcheck.log"
       else
-        (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_LIMIT:-420}" "$sanitizer" --tool memcheck \
-          python memcheck_page_table.py > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?" >> "$OUT/memcheck.log")
-        grep -E "ERROR SUMMARY|^memcheck_page_table:|^DIFFERS|rc=" "$OUT/memcheck.log" | tail -n 8
+        : > "$OUT/memcheck.log"
+        for script in ${MEMCHECK_SCRIPTS:-memcheck_page_table.py memcheck_paged_decode.py}; do
+          echo "== $script" >> "$OUT/memcheck.log"
+          (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_LIMIT:-420}" "$sanitizer" --tool memcheck \
+            python "$script" >> "$OUT/memcheck.log" 2>&1; echo "memcheck $script rc=$?" >> "$OUT/memcheck.log")
+        done
+        grep -E "^== |ERROR SUMMARY|^memcheck_page|^DIFFERS|rc=" "$OUT/memcheck.log" | tail -n 12
       fi
       ;;
     loop)
