@@ -98,6 +98,10 @@ def indptr_case(device):
     k = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
     v = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
     meta = DraftExtendMetadata(device)
+    if device == "cuda":  # a persistent buffer the step writes: static, as engines mark theirs (README "Use")
+        from compile_pass._compat import mark_static_address
+
+        mark_static_address(meta.qo_indptr)
     strided = torch.arange(0, MCL, ps, device=device)
 
     def step(q, seq_lens, extend_seq_lens, rpi):

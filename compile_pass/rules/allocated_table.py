@@ -405,8 +405,10 @@ class _Walk:
                 continue
             value = kw.get(param)
             v = example_value(value)
-            if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (ndim == 1 and not _same_size(
-                    v.shape[0], rows)):
+            # The request indices need only be 1-D ints: program b reads entry b whatever the table's width, in the
+            # step as in eager, so their length (a size Dynamo may give its own symbol) does not bear on the rewrite.
+            if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (
+                    param == facts.lengths and not _same_size(v.shape[0], rows)):
                 raise Unsafe("mismatch", f"{name}'s {label} {param!r} is not an int tensor with one value per row "
                                          "of the table" if ndim == 1 else f"{name}'s {label} is not a 2-D int tensor")
             if param != facts.lengths:
