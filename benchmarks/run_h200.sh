@@ -28,6 +28,9 @@
 #              installs the wheels of .whl-sglang/ (carried: sglang and the small packages the H200 image
 #              lacks, see tests/sglang/README-gpu.md) into /tmp/sgl and runs the script with tests/sglang (the
 #              harness and the sgl_kernel stand-ins) on PYTHONPATH; $SGL_ARGS go to the script
+#   compile-time  benchmarks/compile_time.py: where the 8B-shaped loop's cold first call goes (issue 22); each
+#              variant (syncfree / stock, regional / whole) cold and warm in fresh processes, then knob runs while
+#              the budget ($CT_LIMIT - 20 s) lasts; $CT_ARGS replaces the default knob list (and may add flags)
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -153,6 +156,12 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       PYTHONPATH=/tmp/sf:/tmp/sgl:$PWD/tests/sglang TAIL=30 bench "${SGL_LIMIT:-420}" sglang_fa3_gpu sglang_fa3_gpu.py \
         ${SGL_ARGS:-} --json "$OUT/sglang_fa3_gpu.json"
+      ;;
+    compile-time)
+      ct_limit=${CT_LIMIT:-350}
+      # shellcheck disable=SC2086
+      TAIL=60 bench "$ct_limit" compile_time compile_time.py --budget $((ct_limit - 20)) \
+        ${CT_ARGS:---knobs threads1 prewarm-pool no-cudagraph-trees no-pointwise-autotune} --json "$OUT/compile_time.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac
