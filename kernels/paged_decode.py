@@ -229,7 +229,7 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), page_table.stride(1),
+        page_table.stride(0), page_table.stride(1), cache_seqlens.stride(0),
         width, page_size, scale, sq, splits,
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=TUNING["block_n"], BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, DIRECT=direct,

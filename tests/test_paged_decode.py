@@ -282,3 +282,20 @@ def test_short_path_selected_by_shape(monkeypatch):
     assert pd.use_short_path(64, 8, 4096, sms)
     monkeypatch.setitem(pd.SHORT_TUNING, "path", "split")
     assert not pd.use_short_path(1, 8, 4096, sms)
+
+
+@pytest.mark.parametrize("sms", [0, 4])
+def test_split_path_reads_strided_lengths(monkeypatch, sms):
+    """The split kernel reads cache_seqlens with its stride (a column of a metadata matrix), with one split and
+    with several: it once read lengths[b] at offset b and gave wrong rows."""
+    from compile_pass.kernels import paged_decode as pd
+
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "split")
+    monkeypatch.setattr(pd, "sm_count", lambda t: sms)
+    q, k, v, table, lens = make_case(3, 1, 4, 2, 16, 4, [9, 0, 70], seed=22)
+    strided = torch.stack([lens.long(), torch.full_like(lens.long(), 10**6)], 1)[:, 0]
+    assert not strided.is_contiguous()
+    out = torch.ops.syncfree.paged_decode(q, k, v, table, strided)
+    ref = attention_f64(q, k, v, table.clamp(max=k.shape[0] - 1), lens, None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
