@@ -40,8 +40,10 @@ TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per
 # heads, split), for batches that split (fewer than TUNING["split_below_rows_per_sm"] (row, KV head) programs per
 # SM) over a table of at most `max_keys` keys (width x page_size, a static shape: under the compile pass the table
 # is max_context_len wide). `path`: "auto" (by shape, as just said), "short" or "split" (forced, for tests and
-# benchmarks). Large batches never take it: their launch is TUNING's. The values below are to be measured
-# (`run_h200.sh short` sweeps them, benchmarks/paged_decode.py --compare --sweep-short), hence path "split":
+# benchmarks). Large batches never take it: their launch is TUNING's. H200, 2026-12-01 (`run_h200.sh short`,
+# benchmarks/results/paged_decode_short.json): at every shape it targets it is slower than the split path, the
+# best of 26 settings included (B=1 4K: 16.1-16.4 us against 13.3-15.4; B=1 8K: 22.8-23.5 against 16.2-18.5; B=4
+# 8K: 56-61 against 42.5-47.4), so nothing selects it (path "split"); "auto" keeps the shape rule for experiments:
 #   block_n            keys per tile (the pipelined loop's step), for every head of the program at once;
 #   heads_per_program  KV heads per program (clamped to Hkv: 8 or more is all of them at Hkv 8). A program loads
 #                      a block's page-table entries once for all of them; fewer heads give more programs;
