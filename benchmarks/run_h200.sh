@@ -11,10 +11,13 @@
 #   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_gpu_page_table.py tests/test_tp.py; the
 #              2-GPU test skips on one GPU)
 #   memcheck   compute-sanitizer --tool memcheck on benchmarks/memcheck_page_table.py (the page-table ops on
-#              strided, expanded, negative, out-of-range and past-bound inputs), with the caching allocator off
+#              strided, expanded, negative, out-of-range and past-bound inputs) and memcheck_paged_decode.py
+#              (paged_decode's paths, ragged_extend_attention, kv_indices), with the caching allocator off
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
+#   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps,
+#              cudagraphs=True, replayed under sync debug "error", equal to eager, partitions counted
 #   pagetable-tests  pytest -m gpu tests/test_gpu_page_table.py (the page-table op against eager indexing on CUDA)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
 #   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
@@ -25,6 +28,9 @@
 #              installs the wheels of .whl-sglang/ (carried: sglang and the small packages the H200 image
 #              lacks, see tests/sglang/README-gpu.md) into /tmp/sgl and runs the script with tests/sglang (the
 #              harness and the sgl_kernel stand-ins) on PYTHONPATH; $SGL_ARGS go to the script
+#   compile-time  benchmarks/compile_time.py: where the 8B-shaped loop's cold first call goes (issue 22); each
+#              variant (syncfree / stock, regional / whole) cold and warm in fresh processes, then knob runs while
+#              the budget ($CT_LIMIT - 20 s) lasts; $CT_ARGS replaces the default knob list (and may add flags)
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -80,9 +86,13 @@ for stage in "$@"; do
       if [ -z "$sanitizer" ]; then
         echo "memcheck: compute-sanitizer not found" | tee "$OUT/memcheck.log"
       else
-        (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_LIMIT:-420}" "$sanitizer" --tool memcheck \
-          python memcheck_page_table.py > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?" >> "$OUT/memcheck.log")
-        grep -E "ERROR SUMMARY|^memcheck_page_table:|^DIFFERS|rc=" "$OUT/memcheck.log" | tail -n 8
+        : > "$OUT/memcheck.log"
+        for script in ${MEMCHECK_SCRIPTS:-memcheck_page_table.py memcheck_paged_decode.py}; do
+          echo "== $script" >> "$OUT/memcheck.log"
+          (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_LIMIT:-420}" "$sanitizer" --tool memcheck \
+            python "$script" >> "$OUT/memcheck.log" 2>&1; echo "memcheck $script rc=$?" >> "$OUT/memcheck.log")
+        done
+        grep -E "^== |ERROR SUMMARY|^memcheck_page|^DIFFERS|rc=" "$OUT/memcheck.log" | tail -n 12
       fi
       ;;
     loop)
@@ -94,6 +104,10 @@ for stage in "$@"; do
       # paged_decode's short-context path against the split path (and a launch sweep of it): table + JSON
       TAIL=45 bench "${SHORT_LIMIT:-330}" paged_decode_short paged_decode.py --compare --sweep-short \
         --json "$OUT/paged_decode_short.json"
+      ;;
+    engine-steps)
+      # issue 20's MLA-style, indptr, flat kv_indices and regional steps under cudagraphs (engine_steps_gpu.py)
+      TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py --json "$OUT/engine_steps.json"
       ;;
     pagetable-tests)
       timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu_page_table.py \
@@ -142,6 +156,12 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       PYTHONPATH=/tmp/sf:/tmp/sgl:$PWD/tests/sglang TAIL=30 bench "${SGL_LIMIT:-420}" sglang_fa3_gpu sglang_fa3_gpu.py \
         ${SGL_ARGS:-} --json "$OUT/sglang_fa3_gpu.json"
+      ;;
+    compile-time)
+      ct_limit=${CT_LIMIT:-350}
+      # shellcheck disable=SC2086
+      TAIL=60 bench "$ct_limit" compile_time compile_time.py --budget $((ct_limit - 20)) \
+        ${CT_ARGS:---knobs threads1 prewarm-pool no-cudagraph-trees no-pointwise-autotune} --json "$OUT/compile_time.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

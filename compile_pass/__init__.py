@@ -49,6 +49,7 @@ if not _LIGHT:
         registered_consumers,
         unregister_self_guarding_consumer,
     )
+    from .rules.indptr_bound import register_indptr_bound_consumer, unregister_indptr_bound_consumer
     from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
 
     from .log import register_with_torch as _register_log
@@ -63,6 +64,8 @@ __all__ = [
     "register_self_guarding_consumer",
     "unregister_self_guarding_consumer",
     "registered_consumers",
+    "register_indptr_bound_consumer",
+    "unregister_indptr_bound_consumer",
     "SelfGuardingConsumer",
     "SyncItem",
     "SyncRemainsError",

@@ -105,6 +105,18 @@ def graph_counters() -> dict[str, Any]:
     return counters
 
 
+def known_equal(a, b) -> bool:
+    """Are two ints / SymInts equal for every value of their symbols (no guard added)? False when unknown."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true(a == b))
+    except Exception:  # noqa: BLE001  (an expression it cannot decide)
+        return False
+
+
 def free_unbacked_symbols(value) -> set:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as _free
 

@@ -235,3 +235,17 @@ def check_page_size(consumer: torch.fx.Node, entry, page_size: int) -> None:
     if have != page_size:
         raise Unsafe("page_size", f"the page count uses pages of {page_size} but {entry.name}'s {argument} has "
                                   f"pages of {have}")
+
+
+def check_max_of_lengths(read, ctx: "ProofContext") -> None:
+    """What every rule for a max needs before its walk: int lengths, not empty (eager raises at the max of empty
+    lengths, and so must the step), and a static bound to replace it with (max_context_len)."""
+    if dtype_of(read.source) not in INT_DTYPES:
+        raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
+                                        "lengths")
+    numel = getattr(example_value(read.source), "numel", lambda: None)()
+    if isinstance(numel, int) and numel == 0:
+        raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
+    if ctx.options.max_context_len is None:
+        raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
+                                 "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")

@@ -5,13 +5,16 @@ Row b attends keys t < L_b = cache_seqlens[b]; key t is slot t % page_size of pa
 Query i sits at position L_b - Sq + i and sees keys up to that position. Output [B, Sq, Hq, D] in q's dtype.
 This is a self-guarding consumer: page-table columns and pages past a row's length are never read, so the
 compile pass may hand it a static-width page table whose tail holds anything (SELF_GUARDING below).
-Two launches: large batches (and long tables) run paged_decode_kernel.py (one split writes the output; several
-are merged by a combine kernel); a small batch over a short table runs paged_decode_short_kernel.py, split-KV
-with the merge inside the same kernel (SHORT_TUNING, use_short_path).
+Two kernel shapes: paged_decode_kernel.py runs one program per (row, KV head, split of the keys) and, with
+several splits, a combine kernel merges them (TUNING, num_splits_for); paged_decode_short_kernel.py, for a small
+batch over a short table, runs one program per (row, group of KV heads, split), reading each key block's page-table
+entries once for all the heads of its group and their K and V in one tile each, then the same combine kernel
+(SHORT_TUNING, use_short_path).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,20 +36,27 @@ MIN_BLOCK_M = 16  # tl.dot needs M >= 16
 TUNING = {"block_n": 64, "programs_per_sm": 8, "max_splits": 64, "min_blocks_per_split": 2,
           "split_below_rows_per_sm": 2, "num_warps": 4, "num_stages": 2, "combine_block_s": 64, "combine_warps": 4}
 
-# The short path (kernels/paged_decode_short_kernel.py): split-KV with the combine inside the one kernel (the last
-# split of each (row, KV head) to finish merges the partials), for batches that split (fewer than
-# TUNING["split_below_rows_per_sm"] (row, KV head) programs per SM) over a table of at most `max_keys` keys
-# (width x page_size, a static shape: under the compile pass the table is max_context_len wide). `path`: "auto"
-# (by shape, as just said), "short" or "split" (forced, for tests and benchmarks). The split count follows
-# num_splits_for's rule with this dict's values. Large batches never take it: their launch is the code above.
-# TUNING, H200 2026-12-01 (benchmarks/results/paged_decode_short.json, `run_h200.sh short`): the short path LOST
-# to the split path at every shape it was meant for (B=1 4K: 17.1 vs 13.3 us at page size 1, 18.6 vs 15.4 at 16;
-# B=1 8K: 24.0 vs 16.3 / 25.5 vs 18.6; B=4 8K: 52.9 vs 42.8 / 54.7 vs 47.5), the best of 29 launch settings
-# included: the last-program combine serialises a read of every split's partials behind an atomic, which costs
-# more than the second launch it saves. So nothing selects it ("split"); "auto" keeps the shape rule for
-# experiments. The fix issue 22 asks for is another kernel shape (one program over all KV heads of a page).
-SHORT_TUNING = {"path": "split", "max_keys": 16384, "block_n": 64, "programs_per_sm": 8, "max_splits": 64,
-                "min_blocks_per_split": 2, "num_warps": 4, "num_stages": 2, "block_s": 64}
+# The short path (kernels/paged_decode_short_kernel.py): one program per (row, group of `heads_per_program` KV
+# heads, split), for batches that split (fewer than TUNING["split_below_rows_per_sm"] (row, KV head) programs per
+# SM) over a table of at most `max_keys` keys (width x page_size, a static shape: under the compile pass the table
+# is max_context_len wide). `path`: "auto" (by shape, as just said), "short" or "split" (forced, for tests and
+# benchmarks). Large batches never take it: their launch is TUNING's. The values below are to be measured
+# (`run_h200.sh short` sweeps them, benchmarks/paged_decode.py --compare --sweep-short), hence path "split":
+#   block_n            keys per tile (the pipelined loop's step), for every head of the program at once;
+#   heads_per_program  KV heads per program (clamped to Hkv: 8 or more is all of them at Hkv 8). A program loads
+#                      a block's page-table entries once for all of them; fewer heads give more programs;
+#   programs_per_sm, min_keys_per_split, max_splits
+#                      the split count: programs_per_sm x SMs programs over the (row, head group) pairs, at
+#                      least min_keys_per_split keys per split (over the widest row the table allows), at most
+#                      max_splits (short_splits_for);
+#   num_warps, num_stages    the main kernel's launch; combine_block_s, combine_warps: the combine kernel's.
+# The previous short path (split-KV with an in-kernel merge behind an atomic ticket, one program per KV head) lost
+# to the split path at every shape it targeted on the H200 (BENCHMARKS.md) and is gone.
+SHORT_TUNING = {"path": "split", "max_keys": 16384, "block_n": 16, "heads_per_program": 8, "programs_per_sm": 1,
+                "min_keys_per_split": 32, "max_splits": 128, "num_warps": 8, "num_stages": 2,
+                "combine_block_s": 64, "combine_warps": 4}
+# Shared memory one program of the short kernel may use when the device does not say (H100/H200: 227 KB).
+SHORT_SMEM_BYTES = 227 << 10
 
 
 def _next_pow2(x: int) -> int:
@@ -105,11 +115,37 @@ def num_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
     return max(1, min(want, most, TUNING["max_splits"]))
 
 
-def short_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int) -> int:
-    """The short path's split count: num_splits_for's rule with SHORT_TUNING's values (1 when sms is 0)."""
-    rows = batch * kv_heads
-    want = math.ceil(SHORT_TUNING["programs_per_sm"] * max(0, sms) / max(1, rows))
-    most = max(1, cdiv(max_keys, SHORT_TUNING["block_n"] * SHORT_TUNING["min_blocks_per_split"]))
+def short_heads_and_block(kv_heads: int, block_m: int, block_d: int, itemsize: int,
+                          smem_bytes: int = SHORT_SMEM_BYTES) -> tuple[int, int]:
+    """The short kernel's (heads per program, block_n): SHORT_TUNING's, shrunk (block_n first, down to 16, then
+    the heads) until its tiles fit in `smem_bytes` of shared memory less a margin: a launch past the device's
+    limit fails. Triton 3.8 gives its pipelined K and V tiles and q next_pow2(heads) x (2 block_n + block_m)
+    x block_d elements at 2 or 3 stages, one block_n more for fp32 (IEEE dots): bf16, D 128, 8 heads x 16 keys
+    take 96 KB, x 32 keys 160 KB, x 64 keys 288 KB (no GPU gives that); fp32, 8 heads x 16 keys 256 KB."""
+    heads = max(1, min(int(SHORT_TUNING["heads_per_program"]), kv_heads))
+    block_n = max(16, _next_pow2(int(SHORT_TUNING["block_n"])))  # tl.dot needs N >= 16
+
+    def need():
+        rows = 2 * block_n + block_m + (block_n if itemsize >= 4 else 0)
+        return _next_pow2(heads) * rows * block_d * itemsize
+
+    budget = smem_bytes - (16 << 10)  # a margin for layout conversions and the allocator's alignment
+    while need() > budget and block_n > 16:
+        block_n //= 2
+    while need() > budget and heads > 1:
+        heads = cdiv(heads, 2)
+    return heads, block_n
+
+
+def short_splits_for(batch: int, kv_heads: int, max_keys: int, sms: int, heads_per_program: int | None = None) -> int:
+    """The short path's split count, from static shapes only (1 when sms is 0): `programs_per_sm` programs per SM
+    over the batch's (row, head group) pairs, with at least `min_keys_per_split` keys per split over the widest row
+    the table allows, at most `max_splits`. `heads_per_program`: the launch's (SHORT_TUNING's, clamped to Hkv, when
+    not given)."""
+    heads = heads_per_program or max(1, min(int(SHORT_TUNING["heads_per_program"]), kv_heads))
+    programs = max(1, batch * cdiv(kv_heads, heads))
+    want = math.ceil(SHORT_TUNING["programs_per_sm"] * max(0, sms) / programs)  # programs_per_sm may be fractional
+    most = max(1, cdiv(max_keys, SHORT_TUNING["min_keys_per_split"]))
     return max(1, min(want, most, SHORT_TUNING["max_splits"]))
 
 
@@ -122,30 +158,20 @@ def use_short_path(batch: int, kv_heads: int, max_keys: int, sms: int) -> bool:
             and batch * kv_heads < TUNING["split_below_rows_per_sm"] * sms)
 
 
-# Ticket counters of the short path, one int32 per (row, KV head), zero between calls (the merging program of
-# each (row, KV head) sets its counter back to 0). One buffer per device, made outside CUDA-graph capture and
-# kept for good (a captured graph addresses it); a bigger one replaces it when a call needs more, the old one is
-# kept alive for graphs that still use it. Calls on one device share it: two short-path calls running at the same
-# time on two streams of one device would mix their tickets (a decode step runs its layers in one stream).
-_COUNTERS: dict = {}
-_RETIRED: list = []
+@functools.cache
+def _smem_optin(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or SHORT_SMEM_BYTES)
 
 
-def _ticket_counters(device: torch.device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # Made under capture, its zeroing runs only when the graph replays: it serves this one call alone.
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    if buf is not None:
-        _RETIRED.append(buf)
-    buf = torch.zeros(max(n, 1024, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.int32, device=device)
-    _COUNTERS[device] = buf
-    return buf
+def _smem_bytes(t: torch.Tensor) -> int:
+    if t.is_cuda:
+        return _smem_optin(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return SHORT_SMEM_BYTES
 
 
 def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
+    from .paged_decode_kernel import paged_decode_combine_kernel
     from .paged_decode_short_kernel import paged_decode_short_kernel
 
     batch, sq, hq, dim = q.shape
@@ -154,22 +180,32 @@ def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
     width = page_table.shape[1]
     block_m = max(MIN_BLOCK_M, _next_pow2(sq * group))
     block_d = max(16, _next_pow2(dim))
-    splits = short_splits_for(batch, hkv, width * page_size, sm_count(q))
-    acc = torch.empty((batch, hkv, splits, block_m, block_d), dtype=torch.float32, device=q.device)
-    ml = torch.empty((batch, hkv, splits, 2, block_m), dtype=torch.float32, device=q.device)
-    counters = _ticket_counters(q.device, batch * hkv)
-    paged_decode_short_kernel[(batch, hkv, splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, counters, out,
+    heads, block_n = short_heads_and_block(hkv, block_m, block_d, q.element_size(), _smem_bytes(q))
+    splits = short_splits_for(batch, hkv, width * page_size, sm_count(q), heads)
+    direct = splits == 1
+    # With one split the kernel writes `out` itself and these partial buffers are not touched.
+    acc = torch.empty((batch, hkv, splits, block_m, block_d) if not direct else (1,), dtype=torch.float32,
+                      device=q.device)
+    ml = torch.empty((batch, hkv, splits, 2, block_m) if not direct else (1,), dtype=torch.float32, device=q.device)
+    paged_decode_short_kernel[(batch, cdiv(hkv, heads), splits)](
+        q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, out,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), page_table.stride(1),
-        width, page_size, scale, sq, splits,
-        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=SHORT_TUNING["block_n"], BLOCK_D=block_d,
-        BLOCK_S=min(SHORT_TUNING["block_s"], _next_pow2(splits)), IEEE=q.dtype == torch.float32,
+        page_table.stride(0), page_table.stride(1), cache_seqlens.stride(0),
+        width, page_size, scale, sq, splits, hkv,
+        GROUP=group, HEAD_DIM=dim, HEADS_PER_PROGRAM=heads, HEADS=_next_pow2(heads), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, DIRECT=direct,
         num_warps=SHORT_TUNING["num_warps"], num_stages=SHORT_TUNING["num_stages"],
     )
+    if not direct:
+        paged_decode_combine_kernel[(batch, hkv, sq * group)](
+            acc, ml, out, out.stride(0), out.stride(1), out.stride(2), splits,
+            GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d,
+            BLOCK_S=min(SHORT_TUNING["combine_block_s"], _next_pow2(splits)),
+            num_warps=SHORT_TUNING["combine_warps"],
+        )
 
 
 def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
@@ -193,7 +229,7 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), page_table.stride(1),
+        page_table.stride(0), page_table.stride(1), cache_seqlens.stride(0),
         width, page_size, scale, sq, splits,
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=TUNING["block_n"], BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, DIRECT=direct,

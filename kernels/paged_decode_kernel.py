@@ -19,7 +19,7 @@ def paged_decode_split_kernel(
     o_sb, o_ss, o_sh,
     k_sp, k_ss, k_sh,
     v_sp, v_ss, v_sh,
-    pt_sb, pt_sw,
+    pt_sb, pt_sw, lens_sb,
     width, page_size, scale, num_queries, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
@@ -28,7 +28,7 @@ def paged_decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    length = tl.load(lens_ptr + b).to(tl.int64)
+    length = tl.load(lens_ptr + b * lens_sb).to(tl.int64)  # any stride: a column of a metadata matrix
     # Keys that the table cannot address do not exist for this kernel.
     length = tl.minimum(tl.maximum(length, 0), width * page_size)
     chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N

@@ -365,3 +365,20 @@ def test_lengths_written_after_the_writer_keep_the_max():
         return ATTN(q, k, v, table, seq_lens.to(torch.int32))
 
     assert kept_codes(run_pass(step, VECTORS[:2])) == [("written", "allocated_table")]
+
+
+@needs_interpreter
+def test_request_indices_with_their_own_symbolic_size_still_rewrite():
+    """After a second batch size Dynamo may give req_pool_indices a size symbol of its own (s81 beside the
+    lengths' s37): program b still reads entry b, in the step as in eager, so the rewrite holds (found on the
+    H200, engine_steps_gpu.py's mla step)."""
+    backend = Rewriting(max_context_len=MCL)
+    compiled = torch.compile(flashmla_step, backend=backend, fullgraph=True)
+    for lengths in ([5, 130, 64, 7], [512, 1, 0, 3, 9, 100], [2, 3, 4, 5, 6]):
+        with dynamo_sees_triton(), compile_pass._compat.capture_scalar_outputs():
+            got = compiled(*make_inputs(lengths))
+        torch.testing.assert_close(got, flashmla_step(*make_inputs(lengths)))
+        assert not backend.report.kept and backend.report.rewritten, str(backend.report)
+    sizes = [n.meta["example_value"].shape[0] for n in backend.graphs[-1].graph.nodes
+             if n.op == "placeholder" and n.name in ("l_seq_lens_", "l_rpi_")]
+    assert len(sizes) == 2 and all(isinstance(s, torch.SymInt) for s in sizes), sizes

@@ -69,3 +69,68 @@ def test_regional_reaches_the_model_and_the_cold_processes():
     assert decode_loop.model_config(plain, 1, plain.contexts).regional is False
     assert "--regional" not in decode_loop.cold_command(plain, "b")
     assert not plain.warm_compile and not plain.cold_compile and plain.variants == list("abef")
+
+
+def test_compile_time_plans_cold_runs_first_then_warm_reruns_then_knobs():
+    import compile_time
+
+    runs = compile_time.plan_runs(["stock-whole"], ["threads1", "cfg:triton.cudagraph_trees=False"],
+                                  "syncfree-regional", warm=True)
+    assert [r["name"] for r in runs] == ["syncfree-regional cold", "stock-whole cold", "syncfree-regional warm",
+                                         "stock-whole warm", "syncfree-regional cold threads1",
+                                         "syncfree-regional cold cfg:triton.cudagraph_trees=False"]
+    # a warm rerun shares its cold run's caches; a knob run gets its own
+    assert runs[2]["caches"] == runs[0]["caches"] and len({r["caches"] for r in runs}) == 4
+    assert [r["name"] for r in compile_time.plan_runs(["stock-whole"], [], "syncfree-regional", warm=False)] == [
+        "stock-whole cold"]
+
+
+def test_compile_time_knobs_parse_and_name_a_bad_one():
+    import compile_time
+
+    assert compile_time.parse_knob("default") == {"env": {}, "config": {}, "prewarm_pool": False}
+    assert compile_time.parse_knob("threads1")["env"] == {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    assert compile_time.parse_knob("cfg:triton.cudagraph_trees=False")["config"] == {"triton.cudagraph_trees": False}
+    assert compile_time.parse_knob("cfg:worker_start_method=fork")["config"] == {"worker_start_method": "fork"}
+    assert compile_time.parse_knob("env:TORCH_WARM_POOL=0")["env"] == {"TORCH_WARM_POOL": "0"}
+    with pytest.raises(SystemExit, match="'threads2'"):
+        compile_time.parse_knob("threads2")
+
+
+def test_compile_time_phases_are_what_torch_recorded_and_absent_ones_are_none():
+    import compile_time
+
+    before = {"_compile.compile_inner": [1.0], "OutputGraph.call_user_compiler": [0.5]}
+    after = {"_compile.compile_inner": [1.0, 30.0], "OutputGraph.call_user_compiler": [0.5, 25.0],
+             "create_aot_dispatcher_function": [20.0], "compile_fx.<locals>.fw_compiler_base": [18.0],
+             "async_compile.wait": [2.0, 3.0]}
+    delta = compile_time.timed_delta(before, after)
+    assert delta == {"_compile.compile_inner": [30.0], "OutputGraph.call_user_compiler": [25.0],
+                     "create_aot_dispatcher_function": [20.0], "compile_fx.<locals>.fw_compiler_base": [18.0],
+                     "async_compile.wait": [2.0, 3.0]}
+    phases = compile_time.phases_of(delta)
+    assert phases["dynamo_compile"] == 30.0 and phases["triton_async_wait"] == 5.0
+    assert phases["inductor_lowering"] is None  # no record: not run, or not in this torch
+    derived = compile_time.derived_of(phases, first_call_s=34.0)
+    assert derived["dynamo_own"] == 5.0 and derived["backend_outside_aot"] == 5.0
+    assert derived["aot_outside_inductor"] == 2.0 and derived["inductor_other"] is None
+    assert derived[compile_time.OUTSIDE[0]] == 4.0
+
+
+def test_compile_time_sorts_triton_compiles_by_whose_kernel_they_are():
+    import compile_time
+
+    compiles = [dict(name="triton_poi_fused_add_0", s=0.5, cache_hit=False),
+                dict(name="triton_red_fused_mean_1", s=0.01, cache_hit=True),
+                dict(name="paged_decode_split_kernel", s=1.0, cache_hit=False),
+                dict(name="page_table_kernel", s=0.25, cache_hit=None)]
+    summary = compile_time.triton_summary(compiles, [("triton_poi_fused_add_0", 0.5), ("triton_per_x", None)])
+    assert summary["inductor_kernels"] == 2 and summary["inductor_kernel_compile_s_sum"] == 0.5
+    inductor = summary["compiles_in_this_process"]["inductor"]
+    assert (inductor["n"], inductor["misses"], inductor["cache_hits"]) == (2, 1, 1)
+    assert summary["project_kernels_jit_s"] == 1.25
+    assert set(summary["project_and_other_kernels"]) == {"paged_decode_split_kernel", "page_table_kernel"}
+    launches = compile_time.launch_summary([("page_table_kernel", 0.8), ("page_table_kernel", 1e-5),
+                                            ("paged_decode_split_kernel", 1.5)])
+    assert launches["page_table_kernel"] == dict(n=2, first_s=0.8, max_s=0.8, total_s=0.8 + 1e-5)
+    assert launches["paged_decode_split_kernel"]["first_s"] == 1.5

@@ -190,3 +190,20 @@ def test_user_triton_kernel_reads_the_kernel_side_table():
     assert kernel is side_table_probe and constants == {"N": 4}
     assert _compat.user_triton_kernel(x) is None
     assert _compat.user_triton_kernel(graph.call_function(torch.add, (x, 1))) is None
+
+
+def test_known_equal_decides_ints_and_symbolic_sizes_without_guards():
+    assert _compat.known_equal(4, 4) and not _compat.known_equal(4, 5)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        n = next(n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(
+            n.meta.get("example_value"), torch.SymInt))
+        size = n.meta["example_value"]
+        seen["same"] = _compat.known_equal(size + 1, 1 + size)
+        seen["other"] = _compat.known_equal(size + 1, size + 2)
+        return gm.forward
+
+    f = torch.compile(lambda x: x * 2, backend=backend, dynamic=True)
+    f(torch.ones(5))
+    assert seen == {"same": True, "other": False}

@@ -143,66 +143,130 @@ def test_split_keys_and_combine_against_float64(monkeypatch, sms, sq):
     check(case, atol=1e-5)
 
 
-def _force_short(monkeypatch, sms, block_n=16, min_blocks=1, block_s=4):
-    """The short path (one kernel, the combine inside) on a device of `sms` SMs, with small blocks so that the
-    interpreter's small shapes still split into several key blocks and chunks of splits."""
+def _force_short(monkeypatch, sms, heads=64, block_n=16, min_keys=16, programs_per_sm=8, block_s=4):
+    """The short path (one program per (row, group of KV heads, split), then the combine kernel) on a device of
+    `sms` SMs (0: one split, the kernel writes the output itself), `heads` KV heads per program (clamped to Hkv:
+    64 is all of them), with small blocks so that the interpreter's small shapes still split into several key
+    blocks per split and several chunks of splits in the combine."""
     if not interpreting():
         pytest.skip("the Triton kernels run here only under TRITON_INTERPRET=1 (test_triton_interpreter runs it)")
     import compile_pass.kernels.paged_decode as pd
 
     monkeypatch.setattr(pd, "sm_count", lambda t: sms)
     monkeypatch.setitem(pd.SHORT_TUNING, "path", "short")
+    monkeypatch.setitem(pd.SHORT_TUNING, "heads_per_program", heads)
     monkeypatch.setitem(pd.SHORT_TUNING, "block_n", block_n)
-    monkeypatch.setitem(pd.SHORT_TUNING, "programs_per_sm", 8)
-    monkeypatch.setitem(pd.SHORT_TUNING, "min_blocks_per_split", min_blocks)
-    monkeypatch.setitem(pd.SHORT_TUNING, "block_s", block_s)
+    monkeypatch.setitem(pd.SHORT_TUNING, "programs_per_sm", programs_per_sm)
+    monkeypatch.setitem(pd.SHORT_TUNING, "min_keys_per_split", min_keys)
+    monkeypatch.setitem(pd.SHORT_TUNING, "max_splits", 64)
+    monkeypatch.setitem(pd.SHORT_TUNING, "combine_block_s", block_s)
     return pd
 
 
-@pytest.mark.parametrize("sms", [0, 1, 5, 12])
-@pytest.mark.parametrize("sq", [1, 3])
-def test_short_path_against_float64(monkeypatch, sms, sq):
-    # Rows of 0 keys, of fewer keys than a split, splits with no key at all and a split count that is not a
-    # multiple of the combine's chunk of splits (block_s 4): the in-kernel combine must give the reference.
-    pd = _force_short(monkeypatch, sms)
-    lengths = [0, 2, 45, 300]
-    case = make_case(4, sq, 8, 2, 16, 4, lengths, seed=100 + sms + sq)
-    splits = pd.short_splits_for(4, 2, case[3].shape[1] * 4, sms)
-    assert splits == {0: 1, 1: 1, 5: 5, 12: 12}[sms], splits
+@pytest.mark.parametrize("heads", [1, 2, 64])
+@pytest.mark.parametrize("sms", [0, 2, 6])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_short_path_against_float64(monkeypatch, heads, sms, sq):
+    # 4 KV heads in programs of 1, 2 or all 4 of them; one split (the kernel writes the output) or several. Rows
+    # of 0 keys, of fewer keys than Sq (queries that see nothing), of fewer keys than a split, splits with no key
+    # at all and a split count that is not a multiple of the combine's chunk of splits (4) must all give the
+    # reference; poisoned pages and table columns past each row's length are never read.
+    pd = _force_short(monkeypatch, sms, heads=heads)
+    lengths = [0, 2, 45, 200]
+    case = make_case(4, sq, 8, 4, 16, 4, lengths, seed=100 + heads + sms + sq)
+    groups = 4 // min(heads, 4)
+    splits = pd.short_splits_for(4, 4, case[3].shape[1] * 4, sms)
+    assert splits == {0: 1, 2: cdiv(16, 4 * groups), 6: cdiv(48, 4 * groups)}[sms], splits
     check(case, atol=1e-5)
 
 
-@pytest.mark.parametrize("page_size", [1, 3, 16, 64])
-@pytest.mark.parametrize("sq", [1, 2, 4])
+def cdiv(a, b):
+    return -(-a // b)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("sq", [1, 4])
 def test_short_path_page_sizes_and_target_verify(monkeypatch, page_size, sq):
-    _force_short(monkeypatch, 6)
+    _force_short(monkeypatch, 3, heads=2)
     case = make_case(3, sq, 4, 2, 16, page_size, [1, 20, 137], seed=7 * page_size + sq)
     check(case, atol=1e-5)
 
 
-@pytest.mark.parametrize("group,hkv", [(1, 3), (4, 2), (8, 1)])
-def test_short_path_gqa_groups(monkeypatch, group, hkv):
-    _force_short(monkeypatch, 3, block_n=32, min_blocks=2)
-    check(make_case(2, 2, group * hkv, hkv, 24, 5, [77, 130], seed=group), atol=1e-5)
+@pytest.mark.parametrize("group,hkv,heads", [(1, 3, 2), (4, 2, 64), (8, 1, 64), (2, 3, 64)])
+def test_short_path_gqa_groups(monkeypatch, group, hkv, heads):
+    # Hkv 3 in programs of 2 heads (the second program's second lane is past Hkv) and of all 3 (a power-of-two
+    # tile of 4 lanes, one masked); a group of 8 queries per KV head.
+    _force_short(monkeypatch, 3, heads=heads, block_n=32, min_keys=32)
+    check(make_case(2, 2, group * hkv, hkv, 24, 5, [77, 130], seed=group + hkv), atol=1e-5)
 
 
-def test_short_path_lengths_past_the_table_and_counters_reset(monkeypatch):
+@pytest.mark.parametrize("sms", [0, 4])
+def test_short_path_strided_inputs(monkeypatch, sms):
+    # Non-contiguous q (heads-major storage), k in [page, head, slot, D] storage, v with a padded head dim, a
+    # column-major page table and strided int64 lengths: the same values, the same output.
+    _force_short(monkeypatch, sms, heads=2)
+    q, k, v, table, lens = make_case(3, 2, 8, 4, 16, 4, [9, 0, 70], seed=21)
+    q2 = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k2 = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    v2 = torch.full(v.shape[:3] + (24,), float("nan"))
+    v2[..., :16] = v
+    v2 = v2[..., :16]
+    table2 = table.t().contiguous().t()
+    lens2 = torch.stack([lens.long(), torch.full_like(lens.long(), 10**6)], 1)[:, 0]
+    assert not (q2.is_contiguous() or k2.is_contiguous() or v2.is_contiguous() or table2.is_contiguous()
+                or lens2.is_contiguous())
+    out = torch.ops.syncfree.paged_decode(q2, k2, v2, table2, lens2)
+    ref = attention_f64(q, k, v, table.clamp(max=k.shape[0] - 1), lens, None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+
+
+def test_short_path_lengths_past_the_table(monkeypatch):
     # Lengths beyond what the table addresses are clamped to it (nothing past the table is read); negative ones
-    # are 0. Two calls in a row with different split counts: the ticket counters are back at 0 after each.
+    # are 0. Then calls with other split counts on the same device: no state is carried from call to call.
     pd = _force_short(monkeypatch, 4)
     q, k, v, table, _ = make_case(3, 1, 4, 2, 16, 16, [64, 64, 64], seed=11, width=4, poison=False)
     out = torch.ops.syncfree.paged_decode(q, k, v, table, torch.tensor([10**6, -3, 64], dtype=torch.int32))
     ref = attention_f64(q, k, v, table, torch.tensor([64, 0, 64], dtype=torch.int32), None)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
-    assert (pd._COUNTERS[q.device][:6] == 0).all()
-    monkeypatch.setattr(pd, "sm_count", lambda t: 9)
-    check(make_case(2, 3, 8, 4, 8, 2, [33, 9], seed=12), atol=1e-5)
-    assert (pd._COUNTERS[q.device] == 0).all()
+    for sms in (9, 1):
+        monkeypatch.setattr(pd, "sm_count", lambda t, sms=sms: sms)
+        check(make_case(2, 3, 8, 4, 8, 2, [33, 9], seed=12 + sms), atol=1e-5)
 
 
 def test_short_path_half_precision(monkeypatch):
-    _force_short(monkeypatch, 5)
-    check(make_case(2, 2, 8, 2, 32, 4, [7, 90], dtype=torch.float16, seed=5), atol=2e-3)
+    _force_short(monkeypatch, 5, heads=2)
+    check(make_case(2, 2, 8, 4, 32, 4, [7, 90], dtype=torch.float16, seed=5), atol=2e-3)
+
+
+def test_short_launch_fits_shared_memory(monkeypatch):
+    import compile_pass.kernels.paged_decode as pd
+
+    monkeypatch.setitem(pd.SHORT_TUNING, "heads_per_program", 8)
+    monkeypatch.setitem(pd.SHORT_TUNING, "block_n", 64)
+    smem = 227 << 10
+    # bf16, D 128: 8 heads x 64 keys (288 KB) do not fit; 8 x 32 (160 KB) do.
+    assert pd.short_heads_and_block(8, 16, 128, 2, smem) == (8, 32)
+    assert pd.short_heads_and_block(2, 16, 128, 2, smem) == (2, 64)  # clamped to Hkv, then it fits
+    # fp32: 8 heads x 16 keys take 256 KB, 4 heads 128 KB.
+    assert pd.short_heads_and_block(8, 16, 128, 4, smem) == (4, 16)
+    assert pd.short_heads_and_block(8, 16, 128, 2, 36 << 10) == (1, 16)  # a small device: 1 head x 16 keys
+    monkeypatch.setitem(pd.SHORT_TUNING, "block_n", 24)  # not a power of two: the next one
+    assert pd.short_heads_and_block(1, 16, 128, 2, smem) == (1, 32)
+
+
+def test_short_splits_rule(monkeypatch):
+    import compile_pass.kernels.paged_decode as pd
+
+    for key, value in dict(heads_per_program=8, programs_per_sm=1, min_keys_per_split=32, max_splits=128).items():
+        monkeypatch.setitem(pd.SHORT_TUNING, key, value)
+    assert pd.short_splits_for(1, 8, 4096, 132) == 128  # 132 wanted, at least 32 keys per split
+    assert pd.short_splits_for(1, 8, 65536, 132) == 128  # max_splits
+    assert pd.short_splits_for(4, 8, 8192, 132) == 33
+    assert pd.short_splits_for(1, 8, 8192, 132, heads_per_program=2) == 33  # 4 head groups per row
+    assert pd.short_splits_for(64, 8, 4096, 132) == 3
+    assert pd.short_splits_for(1, 8, 4096, 0) == 1  # no SM count (the interpreter): one split
+    assert pd.short_splits_for(1, 8, 10, 132) == 1
 
 
 def test_short_path_selected_by_shape(monkeypatch):
@@ -218,3 +282,20 @@ def test_short_path_selected_by_shape(monkeypatch):
     assert pd.use_short_path(64, 8, 4096, sms)
     monkeypatch.setitem(pd.SHORT_TUNING, "path", "split")
     assert not pd.use_short_path(1, 8, 4096, sms)
+
+
+@pytest.mark.parametrize("sms", [0, 4])
+def test_split_path_reads_strided_lengths(monkeypatch, sms):
+    """The split kernel reads cache_seqlens with its stride (a column of a metadata matrix), with one split and
+    with several: it once read lengths[b] at offset b and gave wrong rows."""
+    from compile_pass.kernels import paged_decode as pd
+
+    monkeypatch.setitem(pd.SHORT_TUNING, "path", "split")
+    monkeypatch.setattr(pd, "sm_count", lambda t: sms)
+    q, k, v, table, lens = make_case(3, 1, 4, 2, 16, 4, [9, 0, 70], seed=22)
+    strided = torch.stack([lens.long(), torch.full_like(lens.long(), 10**6)], 1)[:, 0]
+    assert not strided.is_contiguous()
+    out = torch.ops.syncfree.paged_decode(q, k, v, table, strided)
+    ref = attention_f64(q, k, v, table.clamp(max=k.shape[0] - 1), lens, None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)

@@ -105,7 +105,7 @@ def test_the_device_check_holds_lengths_to_the_per_site_bound():
 
 def test_rules_are_registered_with_their_options():
     names = [r.name for r in rules.registered_rules()]
-    assert names[:2] == ["allocated_table", "page_table"]  # the narrower rule first: the first match proves
+    assert names[:3] == ["allocated_table", "indptr_bound", "page_table"]  # the narrower rules first: the first match proves
     assert "length_bounds" in rules.declared_options()
     assert len(rules.rules_fingerprint()) == 64
     opts = SyncfreeOptions.from_dict({"max_context_len": 8, "length_bounds": {"verify_lens": 3}})

@@ -83,5 +83,6 @@ def rules_fingerprint() -> str:
 
 
 from . import allocated_table  # noqa: E402,F401  (the allocated-table rule; first: the first match wins)
+from . import indptr_bound  # noqa: E402,F401  (a max read through an indptr; before page_table, which takes any max)
 from . import page_table  # noqa: E402,F401  (registers the page-table max rule)
 from . import flat_kv_indices  # noqa: E402,F401  (registers the flat kv_indices sum rule)

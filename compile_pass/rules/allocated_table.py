@@ -29,9 +29,10 @@ from ..consumers import bind_arguments, facts_of, lookup_consumer, overload_name
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, dtype_of, is_narrowing,
+from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, is_narrowing,
                          page_count, row_stride_of, strip_kept_values, sum_add, with_width)
-from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, describe_use, why_not
+from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, check_page_size, describe_use, \
+    why_not
 from . import register_rule
 
 # page_table's helpers are imported where used: importing that module here would register its rule before this
@@ -404,8 +405,10 @@ class _Walk:
                 continue
             value = kw.get(param)
             v = example_value(value)
-            if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (ndim == 1 and not _same_size(
-                    v.shape[0], rows)):
+            # The request indices need only be 1-D ints: program b reads entry b whatever the table's width, in the
+            # step as in eager, so their length (a size Dynamo may give its own symbol) does not bear on the rewrite.
+            if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (
+                    param == facts.lengths and not _same_size(v.shape[0], rows)):
                 raise Unsafe("mismatch", f"{name}'s {label} {param!r} is not an int tensor with one value per row "
                                          "of the table" if ndim == 1 else f"{name}'s {label} is not a 2-D int tensor")
             if param != facts.lengths:
@@ -498,17 +501,10 @@ class AllocatedTableMax:
         return read.is_max and _sizes_an_allocation(read.value)
 
     def prove(self, read: SyncPoint, ctx: ProofContext) -> AllocatedTablePlan:
-        if dtype_of(read.source) not in INT_DTYPES:
-            raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
-                                            "lengths")
-        numel = getattr(example_value(read.source), "numel", lambda: None)()
-        if isinstance(numel, int) and numel == 0:
-            raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists")
-        from .page_table import _site_bound
+        check_max_of_lengths(read, ctx)
+        from .page_table import site_bound
 
-        bound, bound_source = _site_bound(read.source, ctx)
+        bound, bound_source = site_bound(read.source, ctx)
         walk = _Walk(read, ctx, bound)
         walk.follow_value(read.value, 0)
         if not walk.tables:

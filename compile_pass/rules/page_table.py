@@ -49,8 +49,8 @@ from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM
                          asserted_bound, ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor,
                          is_narrowing, is_value_cast, min_clamp, page_count, scalar_add, strip_kept_values,
                          value_kept_input)
-from ..proof import (LengthsRelation, ProofContext, Unsafe, check_outputs_keep, check_page_size, describe_use,
-                     why_not)
+from ..proof import (LengthsRelation, ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, check_page_size,
+                     describe_use, why_not)
 from . import Option, register_rule
 
 
@@ -623,7 +623,7 @@ class _Walk:
                              frozenset(touches), frozenset(self.disjoint))
 
 
-def _site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
+def site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
     """The static bound of the values a max is taken over, per site: max_context_len for a lengths input,
     options['length_bounds'][name] for a declared input, the sum for a sum of inputs (at most one of them
     undeclared), plus constants added. Unsafe when no bound is known."""
@@ -678,17 +678,9 @@ class PageTableMax:
         return read.is_max
 
     def prove(self, read: SyncPoint, ctx: ProofContext) -> PageTablePlan:
-        if dtype_of(read.source) not in INT_DTYPES:
-            raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
-                                            "lengths")
-        numel = getattr(example_value(read.source), "numel", lambda: None)()
-        if isinstance(numel, int) and numel == 0:
-            raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
-                                     "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
+        check_max_of_lengths(read, ctx)
         try:
-            bound, bound_source = _site_bound(read.source, ctx)
+            bound, bound_source = site_bound(read.source, ctx)
             unbounded = None
         except Unsafe as e:  # a use the rule refuses says more than the missing bound: look for one first
             bound, bound_source, unbounded = ctx.options.max_context_len, "", e

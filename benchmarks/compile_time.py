@@ -1,0 +1,822 @@
+"""Benchmark: where the cold first call of the 8B-shaped decode loop spends its time (issue 22).
+
+    python benchmarks/compile_time.py [--variants syncfree-regional syncfree-whole stock-regional stock-whole]
+                                      [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE]
+                                      [--knob-variant syncfree-regional] [--no-warm] [--budget S] [--timeout S]
+                                      [--layers 32] [--batch 1] [--context 4096] [--steps 128]
+                                      [--device cuda|cpu] [--shape 8b|tiny] [--trace DIR] [--json out.json]
+
+Every run is a fresh process (this script with --child) that builds the model and the step exactly as
+decode_loop.py's --cold-compile does (decode_loop.model_config, TinyLlama, Loop, make_variant), makes the first
+call and prints one RESULT line of JSON; this process never imports torch, so it holds no GPU. A "cold" run gets
+empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR (temporary directories); its "warm" rerun is a second
+fresh process on the same, now filled, directories (Dynamo traces again; AOT, Inductor and Triton artifacts come
+from the caches). Variants:
+  syncfree-regional   decode_loop's (e): compile_pass.compile(..., cudagraphs=True), TinyLlamaConfig(regional=True)
+  syncfree-whole      (e) without regions
+  stock-regional      decode_loop's (b): stock torch.compile, regional
+  stock-whole         (b) without regions
+Knobs (each one more cold run of --knob-variant, after the variants and their warm reruns):
+  threads1               TORCHINDUCTOR_COMPILE_THREADS=1: every Triton compile in this process, no worker pool
+  prewarm-pool           start Inductor's compile-worker pool at process start (overlaps the model build and
+                         Dynamo's tracing; otherwise compile_fx starts it, and kernels compile here until it is up)
+  fork-pool              worker_start_method="fork" instead of the default (a subprocess that imports torch)
+  no-pointwise-autotune  triton.autotune_pointwise=False: one config per pointwise kernel, nothing benchmarked
+  no-cudagraph-trees     triton.cudagraph_trees=False: plain cudagraphify instead of CUDA-graph trees
+  no-pattern-matcher     pattern_matcher=False: no pre/post-grad pattern passes
+  cfg:KEY=VALUE          any Inductor config (dotted, e.g. cfg:triton.persistent_reductions=False)
+  env:NAME=VALUE         any environment variable of the child
+With --budget a run is not started when the time left is below what it is expected to take (the process wall of
+its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
+skipped runs are listed in the JSON, which is rewritten after every run. Per run the JSON holds:
+  wall: process, import (torch, the project, Inductor), model build, first / second / third call;
+  phases (seconds, inclusive, summed over every call of each phase: they nest) from torch's own dynamo_timed
+    records (torch._dynamo.utils.compilation_time_metrics, what compile_times() prints): Dynamo's whole compile,
+    bytecode tracing, guards, the backend call, AOTAutograd, Inductor's compile_fx_inner, pre/joint/post-grad
+    passes, lowering, scheduling, codegen, module load, the wait for async Triton compiles, in-process Triton
+    compiles, runtime autotuning, CUDA-graph recording; `derived` subtracts the nested ones (Dynamo's own
+    tracing = the whole compile - the backend call; the first call's time outside any compile = warm-up run,
+    the project's kernels' JIT, autotuning, CUDA graphs); `raw` is every dynamo_timed key seen;
+  compilation_metrics: torch's CompilationMetrics records (get_compilation_metrics()), their numeric fields
+    summed (dynamo/aot/inductor cumulative us, triton_compile_time_us, runtime_cudagraphify_time_us, ...);
+  counts: frames, Dynamo graphs, graph breaks (and reasons), recompiles, outer compile_fx calls (the syncfree
+    backend compiles once more when a cached graph lacks its post-grad findings), Inductor graphs lowered (top-level
+    and region subgraphs, by name: each nested_compile_region body should lower once), FX-graph / AOT caches;
+  triton: Inductor kernels (count, the compile time each took in its worker or here, the slowest), every Triton
+    compile made in this process (count, time, cache hits: early Inductor kernels before the worker pool is up,
+    re-loads of worker-built ones, and the project's own kernels, paged_decode and page_table, which JIT at their
+    first launch), each @triton.jit kernel's launches from Python (the first one holds its JIT), the binaries
+    left in TRITON_CACHE_DIR;
+  cudagraphs: Inductor's partition lines, its cudagraph counters; syncfree: the pass's and the backend's seconds
+    (SyncReport.pass_seconds / backend_seconds), rewritten / kept.
+Fields this torch or triton lacks are null. --trace DIR sets TORCH_TRACE for each run (DIR/<run>, for tlparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+_START = time.perf_counter()
+
+VARIANTS = {  # name -> (decode_loop variant, regional)
+    "syncfree-regional": ("e", True),
+    "syncfree-whole": ("e", False),
+    "stock-regional": ("b", True),
+    "stock-whole": ("b", False),
+}
+
+KNOBS = {
+    "threads1": dict(env={"TORCHINDUCTOR_COMPILE_THREADS": "1"}),
+    "prewarm-pool": dict(prewarm_pool=True),
+    "fork-pool": dict(config={"worker_start_method": "fork"}),
+    "no-pointwise-autotune": dict(config={"triton.autotune_pointwise": False}),
+    "no-cudagraph-trees": dict(config={"triton.cudagraph_trees": False}),
+    "no-pattern-matcher": dict(config={"pattern_matcher": False}),
+}
+
+# A small model for a CPU smoke run: the loop's structure, not its size.
+TINY = dict(vocab=256, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)
+
+# Labels -> the dynamo_timed key whose records make the phase (inclusive; a phase inside another counts in both).
+PHASES = {
+    "dynamo_compile": "_compile.compile_inner",
+    "dynamo_bytecode_tracing": "bytecode_tracing",
+    "dynamo_build_guards": "build_guards",
+    "dynamo_invoke_subgraph_trace": "invoke_subgraph_trace",
+    "backend_call": "OutputGraph.call_user_compiler",
+    "aot_autograd": "create_aot_dispatcher_function",
+    "aot_collect_metadata": "aot_collect_metadata",
+    "aot_trace_joint_graph": "aot_trace_joint_graph",
+    "inductor_fw_compiler": "compile_fx.<locals>.fw_compiler_base",
+    "inductor_compile_fx_inner": "compile_fx_inner",
+    "inductor_fx_codegen_and_compile": "fx_codegen_and_compile",
+    "inductor_pre_grad_passes": "_recursive_pre_grad_passes",
+    "inductor_joint_graph_passes": "_recursive_joint_graph_passes",
+    "inductor_post_grad_passes": "_recursive_post_grad_passes",
+    "inductor_lowering": "GraphLowering.run",
+    "inductor_code_gen": "GraphLowering.compile_to_module",
+    "inductor_graph_codegen": "GraphLowering.codegen",
+    "inductor_scheduler_init": "Scheduler.__init__",
+    "inductor_scheduler_codegen": "Scheduler.codegen",
+    "inductor_wrapper_codegen": "PythonWrapperCodegen.generate",
+    "inductor_load_module": "PyCodeCache.load_by_key_path",
+    "triton_async_wait": "async_compile.wait",
+    "triton_in_process_precompile": "async_compile.precompile",
+    "triton_reload_in_parent": "reload_kernel_in_parent",
+    "triton_bundler_collect": "TritonBundler.collect",
+    "triton_runtime_autotune": "CachingAutotuner.benchmark_all_configs",
+    "cudagraph_get_container": "cudagraphify.get_container",
+    "cudagraph_record": "CUDAGraphNode.record",
+    "cpp_compile": "compile_file",
+    "inductor_torch_key": "inductor_codecache_torch_key",
+    "inductor_triton_key": "CacheBase.get_system.triton_key",
+    "gc": "gc",
+}
+
+# Differences of nested phases: key -> (what it is, outer phase, inner phases subtracted).
+DERIVED = {
+    "dynamo_own": ("Dynamo's own work: its whole compile less the backend call", "dynamo_compile", ("backend_call",)),
+    "backend_outside_aot": ("the backend call less AOTAutograd: the syncfree pass, compile_fx's setup",
+                            "backend_call", ("aot_autograd",)),
+    "aot_outside_inductor": ("AOTAutograd less Inductor's forward compiler", "aot_autograd",
+                             ("inductor_fw_compiler",)),
+    "inductor_other": ("compile_fx_inner less post-grad passes, lowering and code_gen", "inductor_compile_fx_inner",
+                       ("inductor_post_grad_passes", "inductor_lowering", "inductor_code_gen")),
+    "code_gen_other": ("code_gen less the Triton wait and the module load", "inductor_code_gen",
+                       ("triton_async_wait", "inductor_load_module")),
+}
+OUTSIDE = ("outside_compile", "the first call less Dynamo's whole compile: the warm-up run, the project's kernels' "
+           "JIT, runtime autotuning, CUDA graphs")
+NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False}
+
+
+# -- pure helpers (tested on CPU in tests/test_benchmark_helpers.py) ------------------------------------------------
+def parse_knob(name: str) -> dict:
+    """A knob's settings: {"env": {...}, "config": {...}, "prewarm_pool": bool}; SystemExit naming a bad one."""
+    if name == "default":
+        return dict(NO_KNOB)
+    if name in KNOBS:
+        return {**NO_KNOB, **KNOBS[name]}
+    kind, _, setting = name.partition(":")
+    key, eq, value = setting.partition("=")
+    if kind not in ("cfg", "env") or not key or not eq:
+        raise SystemExit(f"unknown knob {name!r}: one of {', '.join(KNOBS)}, cfg:KEY=VALUE or env:NAME=VALUE")
+    if kind == "env":
+        return {**NO_KNOB, "env": {key: value}}
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return {**NO_KNOB, "config": {key: parsed}}
+
+
+def plan_runs(variants, knobs, knob_variant: str, warm: bool) -> list[dict]:
+    """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), then one
+    cold run per knob (of knob_variant, whose plain cold run is added first when it is not among the variants)."""
+    cold = list(variants)
+    if knobs and knob_variant not in cold:
+        cold.insert(0, knob_variant)
+    runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
+    if warm:
+        runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
+    runs += [dict(name=f"{knob_variant} cold {k}", variant=knob_variant, knob=k, cache="cold",
+                  caches=f"{knob_variant}+{k}") for k in knobs]
+    return runs
+
+
+def timed_delta(before: dict, after: dict) -> dict:
+    """{key: [seconds...]} records added between two copies of compilation_time_metrics."""
+    return {k: list(v[len(before.get(k, ())):]) for k, v in after.items() if len(v) > len(before.get(k, ()))}
+
+
+def phases_of(delta: dict) -> dict:
+    """Seconds per phase label (None where no record of its key was made: not run, or not in this torch)."""
+    return {label: (sum(delta[key]) if key in delta else None) for label, key in PHASES.items()}
+
+
+def derived_of(phases: dict, first_call_s: float | None = None) -> dict:
+    """The DERIVED differences (None where the outer phase has no record), and with the first call's wall, the
+    time it spent outside Dynamo's compile."""
+    out = {}
+    for key, (_, outer, inner) in DERIVED.items():
+        out[key] = None if phases.get(outer) is None else phases[outer] - sum(phases.get(i) or 0.0 for i in inner)
+    if first_call_s is not None:
+        out[OUTSIDE[0]] = first_call_s - (phases.get("dynamo_compile") or 0.0)
+    return out
+
+
+def kernel_kind(name: str) -> str:
+    """Inductor's generated kernels are named triton_*; the project's are its @triton.jit functions."""
+    if name.startswith("triton_"):
+        return "inductor"
+    if any(mark in name for mark in ("paged_decode", "page_table", "kv_indices", "store_kv", "kv_store")):
+        return "project"
+    return "other"
+
+
+def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, float | None]]) -> dict:
+    """Triton compiles seen in this process (`parent_compiles`: name, s, cache_hit) and Inductor's per-kernel
+    compile records (`worker_infos`: name, seconds, measured in the worker that built it, or here)."""
+    by_kind: dict = defaultdict(lambda: dict(n=0, s=0.0, cache_hits=0, misses=0, unknown=0))
+    per_kernel: dict = {}
+    for c in parent_compiles:
+        kind = kernel_kind(c["name"])
+        slot = by_kind[kind]
+        slot["n"] += 1
+        slot["s"] += c["s"]
+        slot["cache_hits" if c["cache_hit"] is True else "misses" if c["cache_hit"] is False else "unknown"] += 1
+        if kind != "inductor":
+            k = per_kernel.setdefault(c["name"], dict(n=0, s=0.0, cache_hits=0))
+            k["n"] += 1
+            k["s"] += c["s"]
+            k["cache_hits"] += c["cache_hit"] is True
+    timed = [(n, s) for n, s in worker_infos if s is not None]
+    return dict(
+        inductor_kernels=len(worker_infos),
+        inductor_kernel_compile_s_sum=sum(s for _, s in timed) if timed else None,
+        inductor_kernel_compile_s_max=max((s for _, s in timed), default=None),
+        slowest_inductor_kernels=[dict(name=n[:90], s=s) for n, s in sorted(timed, key=lambda x: -x[1])[:8]],
+        compiles_in_this_process=dict(by_kind),
+        project_and_other_kernels=per_kernel,
+        project_kernels_jit_s=sum(c["s"] for c in parent_compiles if kernel_kind(c["name"]) == "project"),
+    )
+
+
+def launch_summary(launches: list[tuple[str, float]]) -> dict:
+    """Per @triton.jit kernel launched from Python: launches, the first one's seconds (its JIT compile, or its
+    load from Triton's cache, plus the launch), the slowest and the total."""
+    out: dict = {}
+    for name, s in launches:
+        k = out.setdefault(name, dict(n=0, first_s=s, max_s=0.0, total_s=0.0))
+        k["n"] += 1
+        k["max_s"] = max(k["max_s"], s)
+        k["total_s"] += s
+    return out
+
+
+# -- the one door to private APIs -------------------------------------------------------------------------------
+def private(path: str, default=None):
+    """The object at a dotted path in torch's or triton's internals, or `default` where this build lacks it.
+    Every private name this script reads or wraps goes through here."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except Exception:
+            continue
+        try:
+            for part in parts[i:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return default
+        return obj
+    return default
+
+
+def wrap(path: str, make) -> bool:
+    """Replace the function at `path` by make(original); False where it does not exist."""
+    owner_path, _, attr = path.rpartition(".")
+    owner = private(owner_path)
+    original = getattr(owner, attr, None) if owner is not None else None
+    if original is None:
+        return False
+    setattr(owner, attr, make(original))
+    return True
+
+
+# -- the child: one first call, measured --------------------------------------------------------------------------
+class Probes:
+    """What this process compiles, recorded by small wrappers around torch's and triton's functions."""
+
+    def __init__(self):
+        self.top: dict = defaultdict(list)  # outermost calls of a wrapped function: seconds
+        self.nested: dict = defaultdict(list)  # calls inside another call of the same function
+        self.depth: dict = defaultdict(int)
+        self.lowerings: list[tuple[str, str]] = []  # (class, graph name) of every GraphLowering built
+        self.triton: list[dict] = []  # Triton compiles in this process
+        self.worker_infos: list[tuple[str, float | None]] = []  # Inductor's per-kernel compile records
+        self.launches: list[tuple[str, float]] = []  # (kernel, seconds) of each @triton.jit launch from Python
+        self.local = threading.local()
+        self.installed: dict[str, bool] = {}
+
+    def timer(self, key):
+        def make(original):
+            @functools.wraps(original)
+            def timed(*args, **kwargs):
+                depth = self.depth[key]
+                self.depth[key] = depth + 1
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self.depth[key] = depth
+                    (self.top if depth == 0 else self.nested)[key].append(time.perf_counter() - start)
+            return timed
+        return make
+
+    def install(self):
+        inst = self.installed
+        inst["compile_fx"] = wrap("torch._inductor.compile_fx.compile_fx", self.timer("compile_fx"))
+        inst["cudagraphify_impl"] = wrap("torch._inductor.compile_fx.cudagraphify_impl",
+                                         self.timer("cudagraphify_impl"))
+        inst["GraphLowering.run"] = wrap("torch._inductor.graph.GraphLowering.run", self.timer("GraphLowering.run"))
+        probes = self
+
+        def make_init(original):
+            @functools.wraps(original)
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                probes.lowerings.append((type(self).__name__, str(getattr(self, "name", None))))
+            return __init__
+        inst["GraphLowering.__init__"] = wrap("torch._inductor.graph.GraphLowering.__init__", make_init)
+
+        def make_info(original):
+            @functools.wraps(original)
+            def add_info(kernel_name, info, *args, **kwargs):
+                us = info.get("compile_time_us") if isinstance(info, dict) else None
+                probes.worker_infos.append((str(kernel_name), us / 1e6 if isinstance(us, (int, float)) else None))
+                return original(kernel_name, info, *args, **kwargs)
+            return add_info
+        inst["_add_triton_kernel_info"] = wrap("torch._inductor.async_compile._add_triton_kernel_info", make_info)
+        self._install_triton()
+
+    def _install_triton(self):
+        triton = private("triton")
+        if triton is None:
+            self.installed["triton.compile"] = False
+            return
+        probes = self
+        wrapped: dict[int, object] = {}
+
+        def make(original):
+            if id(original) in wrapped:
+                return wrapped[id(original)]
+
+            @functools.wraps(original)
+            def compile(src, *args, **kwargs):
+                slot = probes.local.slot = {}
+                start = time.perf_counter()
+                try:
+                    return original(src, *args, **kwargs)
+                finally:
+                    probes.local.slot = None
+                    name = getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", None)
+                    probes.triton.append(dict(name=str(name or src)[:120], s=time.perf_counter() - start,
+                                              cache_hit=slot.get("cache_hit")))
+            wrapped[id(original)] = compile
+            return compile
+        done = [wrap(path, make) for path in ("triton.compiler.compiler.compile", "triton.compiler.compile",
+                                              "triton.compile")]
+        self.installed["triton.compile"] = any(done)
+        knobs = private("triton.knobs.compilation")
+        if knobs is not None and hasattr(knobs, "listener"):
+            previous = knobs.listener
+
+            def listener(*args, **kwargs):
+                slot = getattr(probes.local, "slot", None)
+                if slot is not None:
+                    slot["cache_hit"] = kwargs.get("cache_hit")
+                if previous is not None:
+                    previous(*args, **kwargs)
+            knobs.listener = listener
+        self.installed["triton.knobs.compilation.listener"] = knobs is not None and hasattr(knobs, "listener")
+
+        def make_run(original):  # launches of @triton.jit kernels (the project's; Inductor's go through its own)
+            @functools.wraps(original)
+            def run(self, *args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "?")
+                    probes.launches.append((str(name), time.perf_counter() - start))
+            return run
+        self.installed["JITFunction.run"] = wrap("triton.runtime.jit.JITFunction.run", make_run)
+
+    def mark(self) -> dict:
+        return dict(top={k: len(v) for k, v in self.top.items()}, nested={k: len(v) for k, v in self.nested.items()},
+                    lowerings=len(self.lowerings), triton=len(self.triton), worker_infos=len(self.worker_infos),
+                    launches=len(self.launches))
+
+    def since(self, mark: dict) -> dict:
+        def span(records, start):
+            return {k: dict(n=len(v) - start.get(k, 0), s=sum(v[start.get(k, 0):]))
+                    for k, v in records.items() if len(v) > start.get(k, 0)}
+        lowerings = self.lowerings[mark["lowerings"]:]
+        names: dict = defaultdict(int)
+        for cls, name in lowerings:
+            names[f"{cls}:{name}"] += 1
+        return dict(
+            wrapped_outer=span(self.top, mark["top"]), wrapped_nested=span(self.nested, mark["nested"]),
+            inductor_graphs=dict(total=len(lowerings), subgraphs=sum(1 for c, _ in lowerings if c != "GraphLowering"),
+                                 by_name=dict(names)),
+            triton=triton_summary(self.triton[mark["triton"]:], self.worker_infos[mark["worker_infos"]:]),
+            jit_launches=launch_summary(self.launches[mark["launches"]:]),
+        )
+
+
+def _counters() -> dict:
+    counters = private("torch._dynamo.utils.counters", {})
+    return {k: {str(kk)[:200]: vv for kk, vv in v.items()} for k, v in counters.items()}
+
+
+def _counters_delta(before: dict, after: dict) -> dict:
+    out = {}
+    for cat, values in after.items():
+        delta = {k: v - before.get(cat, {}).get(k, 0) for k, v in values.items()
+                 if isinstance(v, (int, float)) and v != before.get(cat, {}).get(k, 0)}
+        if delta:
+            out[cat] = delta
+    return out
+
+
+def _time_metrics() -> dict:
+    return {k: list(v) for k, v in private("torch._dynamo.utils.compilation_time_metrics", {}).items()}
+
+
+def _compilation_metrics(start: int) -> dict:
+    """torch's CompilationMetrics records made since `start`: their scalar fields, and the numeric ones summed."""
+    import dataclasses
+
+    get = private("torch._dynamo.utils.get_compilation_metrics")
+    if get is None:
+        return dict(records=None, sums=None, per_record=None)
+    try:
+        records = list(get())[start:]
+    except Exception as e:
+        return dict(records=None, error=f"{type(e).__name__}: {e}"[:200])
+    keep_strings = ("compile_id", "co_name", "co_firstlineno", "fail_type", "fail_reason", "recompile_reason",
+                    "cudagraph_skip_reason", "triton_kernel_compile_times_us")
+    per_record, sums = [], defaultdict(float)
+    for r in records:
+        fields = [f.name for f in dataclasses.fields(r)] if dataclasses.is_dataclass(r) else list(vars(r))
+        row = {}
+        for name in fields:
+            value = getattr(r, name, None)
+            if isinstance(value, bool) or value is None:
+                if name in keep_strings or isinstance(value, bool):
+                    row[name] = value
+            elif isinstance(value, (int, float)):
+                row[name] = value
+                if not name.endswith(("start_time", "start_time_us", "end_time_us", "co_firstlineno")):
+                    sums[name] += value
+            elif name in keep_strings:
+                row[name] = str(value)[:600]
+        per_record.append(row)
+    return dict(records=len(records), sums=dict(sums), per_record=per_record)
+
+
+def _apply_config(settings: dict) -> dict:
+    """Inductor config knobs, set globally before the first call; an unknown key is an error."""
+    import torch._inductor.config as config
+
+    for key, value in settings.items():
+        owner = config
+        *path, last = key.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        if not hasattr(owner, last):
+            raise SystemExit(f"torch._inductor.config has no {key!r}")
+        setattr(owner, last, value)
+    return {key: repr(value) for key, value in settings.items()}
+
+
+def _environment(device: str) -> dict:
+    import platform
+
+    import torch
+
+    env = dict(torch=torch.__version__, python=platform.python_version(), cpu_count=os.cpu_count(),
+               triton=getattr(private("triton"), "__version__", None),
+               compile_threads=getattr(private("torch._inductor.config"), "compile_threads", None),
+               worker_start_method=getattr(private("torch._inductor.config"), "worker_start_method", None))
+    try:
+        from _common import _commit
+        env["commit"] = _commit()
+    except Exception:
+        env["commit"] = None
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def child(spec: dict) -> dict:
+    out: dict = dict(spec=spec)
+    start = time.perf_counter()
+    import torch
+
+    import compile_pass
+    import decode_loop
+    from compile_pass._compat import CudagraphSkips
+
+    probes = Probes()
+    probes.install()  # imports Inductor here, before the first call, for every variant alike
+    knob = parse_knob(spec["knob"])
+    out["knob_config"] = _apply_config(knob["config"])
+    out["probes_installed"] = probes.installed
+    out["import_s"] = time.perf_counter() - start
+    out["import_s_since_process_start"] = time.perf_counter() - _START
+    if knob["prewarm_pool"]:  # what maybe_warm_pool() does, which some torch builds skip without an env flag
+        pool = private("torch._inductor.async_compile.AsyncCompile")
+        out["prewarm_pool"] = all(hasattr(pool, m) for m in ("warm_pool", "wakeup"))
+        if out["prewarm_pool"]:
+            pool.warm_pool()
+            pool.wakeup()
+    out["env"] = _environment(spec["device"])
+
+    device = spec["device"]
+    args = argparse.Namespace(layers=spec["layers"], steps=spec["steps"], regional=spec["regional"])
+    start = time.perf_counter()
+    config = decode_loop.model_config(args, spec["batch"], [spec["context"]])
+    if spec["shape"] == "tiny":
+        import dataclasses
+
+        config = dataclasses.replace(config, **TINY)
+    model = decode_loop.TinyLlama(config, device=device)
+    k_pool, v_pool = model.new_kv_pool(device)
+    if device == "cuda":
+        loop = decode_loop.Loop(config, spec["batch"])
+        loop.set_context(spec["context"])
+        fb = loop.fb
+        sync = torch.cuda.synchronize
+    else:
+        fb = decode_loop.make_batch(config, [spec["context"]] * spec["batch"], device=device)
+        sync = lambda: None  # noqa: E731
+    fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config)
+    sync()
+    out["model_build_s"] = time.perf_counter() - start
+
+    metrics_start = len(list((private("torch._dynamo.utils.get_compilation_metrics") or (lambda: []))()))
+    times0, counters0, mark0 = _time_metrics(), _counters(), probes.mark()
+    cudagraphs0 = decode_loop.cudagraph_counters()
+    with CudagraphSkips() as log:
+        start = time.perf_counter()
+        fn(fb)
+        sync()
+        out["first_call_s"] = time.perf_counter() - start
+    times1, counters1, mark1 = _time_metrics(), _counters(), probes.mark()
+    out["cudagraphs"] = dict(partitions=log.partitions(), first_call_counters=decode_loop.counters_since(cudagraphs0))
+    for which in ("second_call_s", "third_call_s"):  # CUDA-graph trees: warm-up at the first, recording at the second
+        start = time.perf_counter()
+        fn(fb)
+        sync()
+        out[which] = time.perf_counter() - start
+    times2, counters2 = _time_metrics(), _counters()
+
+    first = timed_delta(times0, times1)
+    later = timed_delta(times1, times2)
+    out["phases_first_call"] = phases_of(first)
+    out["derived_first_call"] = derived_of(out["phases_first_call"], out["first_call_s"])
+    out["phases_later_calls"] = {k: v for k, v in phases_of(later).items() if v is not None}
+    out["raw_first_call"] = {k: dict(n=len(v), s=sum(v)) for k, v in first.items()}
+    out["raw_later_calls"] = {k: dict(n=len(v), s=sum(v)) for k, v in later.items()}
+    out["compilation_metrics"] = _compilation_metrics(metrics_start)
+    counters = _counters_delta(counters0, counters1)
+    out["counters_first_call"] = counters
+    out["counters_later_calls"] = _counters_delta(counters1, counters2)
+    out["probes_first_call"] = probes.since(mark0)
+    out["probes_later_calls"] = probes.since(mark1)
+    records = out["compilation_metrics"].get("per_record") or []
+    out["counts"] = dict(
+        frames_total=counters.get("frames", {}).get("total"),  # counters["frames"]: older torch only
+        frames_ok=counters.get("frames", {}).get("ok"),
+        frames_compiled=sum(1 for r in records if not r.get("is_runtime")) if records else None,
+        dynamo_graphs=counters.get("stats", {}).get("unique_graphs"),
+        calls_captured=counters.get("stats", {}).get("calls_captured"),
+        graph_breaks=sum(counters.get("graph_break", {}).values()),
+        graph_break_reasons=list(counters.get("graph_break", {}))[:10],
+        recompiles=sum(1 for r in records if r.get("recompile_reason")) if records else None,
+        compilation_metrics_records=len(records) if records else None,
+        compile_fx_calls=out["probes_first_call"]["wrapped_outer"].get("compile_fx", {}).get("n", 0)
+        if probes.installed.get("compile_fx") else None,
+        inductor_graphs=out["probes_first_call"]["inductor_graphs"]["total"]
+        if probes.installed.get("GraphLowering.__init__") else None,
+        inductor_subgraphs=out["probes_first_call"]["inductor_graphs"]["subgraphs"]
+        if probes.installed.get("GraphLowering.__init__") else None,
+        fx_graph_cache={k.replace("fxgraph_cache_", ""): v for k, v in counters.get("inductor", {}).items()
+                        if k.startswith("fxgraph_cache")},
+        aot_autograd_cache={k: v for k, v in counters.get("aot_autograd", {}).items() if "cache" in k},
+        async_compile={k: v for k, v in counters.get("inductor", {}).items() if k.startswith("async_compile")},
+    )
+    try:
+        out["compile_times_table"] = private("torch._dynamo.utils.compile_times")(repr="str", aggregate=True)
+    except Exception as e:
+        out["compile_times_table"] = f"unavailable: {type(e).__name__}"
+    if spec["dl_variant"] == "e":
+        reports = compile_pass.reports(fn)
+        merged = compile_pass.SyncReport.merge(reports) if reports else None
+        out["syncfree"] = None if merged is None else dict(
+            graphs=len(reports), pass_s=merged.pass_seconds, backend_s=merged.backend_seconds,
+            rewritten=len(merged.rewritten), kept=len(merged.kept), syncs_remaining=merged.syncs_remaining,
+            notes=merged.notes[:5])
+    return out
+
+
+# -- the parent: fresh processes, caches, the budget ------------------------------------------------------------
+def spec_of(args, run: dict) -> dict:
+    dl_variant, regional = VARIANTS[run["variant"]]
+    return dict(name=run["name"], variant=run["variant"], knob=run["knob"], cache=run["cache"],
+                dl_variant=dl_variant, regional=regional, layers=args.layers, batch=args.batch,
+                context=args.context, steps=args.steps, device=args.device, shape=args.shape)
+
+
+def count_files(root: str, suffix: str) -> int:
+    return sum(1 for _ in Path(root).rglob(f"*{suffix}")) if os.path.isdir(root) else 0
+
+
+def run_child(args, run: dict, cache_root: str, timeout: float) -> dict:
+    env = dict(os.environ)
+    env.update(TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor", TRITON_CACHE_DIR=f"{cache_root}/triton",
+               TMPDIR=f"{cache_root}/tmp", PYTHONUNBUFFERED="1")
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    env.update(parse_knob(run["knob"])["env"])
+    if args.trace:
+        env["TORCH_TRACE"] = os.path.join(os.path.abspath(args.trace),
+                                          "".join(c if c.isalnum() or c in "-." else "_" for c in run["name"]))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec_of(args, run))]
+    cubins_before = count_files(env["TRITON_CACHE_DIR"], ".cubin")
+    start = time.perf_counter()
+    # Its own process group: a timeout (or this process ending) takes its compile workers down with it.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__)), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as e:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        return dict(run=run, error=f"timed out after {timeout:.0f} s", process_wall_s=time.perf_counter() - start,
+                    stderr_tail=(stderr or "")[-1500:])
+    wall = time.perf_counter() - start
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return dict(run=run, error=f"exit {proc.returncode}", process_wall_s=wall,
+                    stderr_tail=(stderr or stdout)[-3000:])
+    result = json.loads(lines[-1][len("RESULT "):])
+    cubins = count_files(env["TRITON_CACHE_DIR"], ".cubin")
+    result.update(run=run, process_wall_s=wall, triton_cache_binaries=cubins,
+                  triton_cache_binaries_added=cubins - cubins_before)
+    return result
+
+
+def _f(x, fmt="{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _parts(*items) -> str:
+    """"label value" pairs joined by commas; an item is (label, seconds) or (label, seconds, format)."""
+    return ", ".join(f"{item[0]} {_f(item[1], *item[2:])}" for item in items)
+
+
+def summary_lines(r: dict) -> list[str]:
+    """The breakdown of one run, as printed (seconds; "-" where torch made no record of it)."""
+    name = r["run"]["name"]
+    if "error" in r:
+        return [f"{name}: ERROR {r['error']}", *(r.get("stderr_tail") or "").strip().splitlines()[-6:]]
+    p, d, c = r["phases_first_call"], r["derived_first_call"], r["counts"]
+    t = r["probes_first_call"]["triton"]
+    fine = "{:.2f}"
+    lines = [f"{name}: first call {r['first_call_s']:.1f} s; "
+             + _parts(("second", r["second_call_s"], fine), ("third", r["third_call_s"], fine),
+                      ("model build", r["model_build_s"]), ("imports", r["import_s"]),
+                      ("process", r["process_wall_s"]))]
+    lines.append("- dynamo " + _f(p["dynamo_compile"]) + ": " + _parts(
+        ("own", d["dynamo_own"]), ("bytecode tracing", p["dynamo_bytecode_tracing"]),
+        ("guards", p["dynamo_build_guards"], fine), ("backend call", p["backend_call"]))
+        + "; outside any compile " + _f(d[OUTSIDE[0]]))
+    lines.append("- backend: " + _parts(
+        ("outside aot", d["backend_outside_aot"]), ("aot", p["aot_autograd"]),
+        ("inductor fw compiler", p["inductor_fw_compiler"]), ("compile_fx_inner", p["inductor_compile_fx_inner"]),
+        ("pre-grad", p["inductor_pre_grad_passes"], fine), ("joint", p["inductor_joint_graph_passes"], fine),
+        ("post-grad", p["inductor_post_grad_passes"], fine), ("lowering", p["inductor_lowering"]),
+        ("code_gen", p["inductor_code_gen"])))
+    lines.append("- code_gen: " + _parts(
+        ("scheduler", p["inductor_scheduler_init"]), ("kernel codegen", p["inductor_scheduler_codegen"]),
+        ("wrapper", p["inductor_wrapper_codegen"], fine), ("async compile wait", p["triton_async_wait"]),
+        ("in-process triton", p["triton_in_process_precompile"]), ("module load", p["inductor_load_module"]),
+        ("c++ compiles summed over threads", p["cpp_compile"])))
+    here = ", ".join(f"{kind} {v['n']} ({v['s']:.1f} s, {v['misses']} built)"
+                     for kind, v in t["compiles_in_this_process"].items()) or "none"
+    lines.append(f"- triton: {t['inductor_kernels']} Inductor kernels, " + _parts(
+        ("compile summed over workers", t["inductor_kernel_compile_s_sum"]),
+        ("slowest", t["inductor_kernel_compile_s_max"], fine)) + f"; compiles in this process: {here}; "
+        + _parts(("project kernels JIT", t["project_kernels_jit_s"], fine),
+                 ("runtime autotune", p["triton_runtime_autotune"], fine))
+        + f"; binaries added to the cache {r.get('triton_cache_binaries_added')}")
+    jit = r["probes_first_call"].get("jit_launches") or {}
+    if jit:
+        lines.append("- first launches of @triton.jit kernels: "
+                     + _parts(*((f"{n} x{v['n']}", v["first_s"], fine) for n, v in jit.items())))
+    later = r.get("phases_later_calls") or {}
+    plain = [r[k]["wrapped_outer"].get("cudagraphify_impl", {}).get("s")
+             for k in ("probes_first_call", "probes_later_calls")]
+    lines.append("- cudagraphs: " + _parts(("trees record (later calls)", later.get("cudagraph_record"), fine),
+                                           ("plain cudagraphify first call", plain[0], fine),
+                                           ("later", plain[1], fine))
+                 + f"; partitions {r['cudagraphs']['partitions']}")
+    lines.append(f"- counts: frames compiled {c['frames_compiled']}, dynamo graphs {c['dynamo_graphs']}, graph breaks "
+                 f"{c['graph_breaks']}, recompiles {c['recompiles']}, compile_fx {c['compile_fx_calls']}, inductor "
+                 f"graphs {c['inductor_graphs']} (subgraphs {c['inductor_subgraphs']}), fx cache {c['fx_graph_cache']}")
+    if r.get("syncfree"):
+        s = r["syncfree"]
+        lines.append(f"- syncfree: pass {s['pass_s']:.2f} s, backend {s['backend_s']:.1f} s, graphs {s['graphs']}, "
+                     f"rewritten {s['rewritten']}, kept {s['kept']}")
+    return lines
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--knobs", nargs="*", default=[],
+                        help=f"cold runs of --knob-variant with one knob each: {', '.join(KNOBS)}, cfg:KEY=VALUE, "
+                             "env:NAME=VALUE")
+    parser.add_argument("--knob-variant", default="syncfree-regional", choices=list(VARIANTS))
+    parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
+    parser.add_argument("--layers", type=int, default=None, help="default: 32 (the 8B shape), 2 with --shape tiny")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=None, help="default 4096 (64 with --shape tiny)")
+    parser.add_argument("--steps", type=int, default=128, help="sizes max_context_len as decode_loop.py does")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--shape", choices=("8b", "tiny"), default=None, help="default: 8b on cuda, tiny on cpu")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per fresh process")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for all runs: a run is not started when less is left than it is expected "
+                             "to take")
+    parser.add_argument("--trace", help="TORCH_TRACE directory root (one subdirectory per run, for tlparse)")
+    parser.add_argument("--json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return args
+    for knob in args.knobs:
+        parse_knob(knob)  # fail now, naming it
+    args.shape = args.shape or ("8b" if args.device == "cuda" else "tiny")
+    args.layers = args.layers or (32 if args.shape == "8b" else 2)
+    args.context = args.context or (4096 if args.shape == "8b" else 64)
+    return args
+
+
+def write(path, data):
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.child:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        print("RESULT " + json.dumps(child(json.loads(args.child)), default=str), flush=True)
+        return
+    # A stage's time limit sends SIGTERM: end as an exception does, so that the running child is killed and the
+    # cache directories are removed; the JSON already holds every finished run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runs = plan_runs(args.variants, args.knobs, args.knob_variant, args.warm)
+    data = dict(args={k: v for k, v in vars(args).items() if k != "child"}, command=" ".join(sys.argv),
+                legend=dict(phases=PHASES, derived={k: v[0] for k, v in DERIVED.items()}, outside_compile=OUTSIDE[1]),
+                runs=[], skipped=[])
+    roots: dict[str, str] = {}
+    failed: set[str] = set()  # caches whose cold run failed: no warm rerun on them
+    walls: dict[str, float] = {}  # variant -> process wall of its cold run: what its later runs are expected to take
+    start = time.perf_counter()
+    try:
+        for run in runs:
+            expected = walls.get(run["variant"], max(walls.values(), default=0.0))
+            left = None if args.budget is None else args.budget - (time.perf_counter() - start)
+            why = None
+            if run["cache"] == "warm" and run["caches"] in failed:
+                why = "its cold run failed"
+            elif left is not None and left < max(expected * 1.1, 10.0):
+                why = f"{max(left, 0):.0f} s of the budget left, the run is expected to take {expected:.0f} s"
+            if why:
+                data["skipped"].append(dict(run=run["name"], why=why))
+                print(f"{run['name']}: skipped ({why})", flush=True)
+                continue
+            root = roots.setdefault(run["caches"], tempfile.mkdtemp(prefix="compile-time-"))
+            timeout = args.timeout if left is None else min(args.timeout, left)
+            print(f"{run['name']} in a fresh process ...", flush=True)
+            result = run_child(args, run, root, timeout)
+            if "error" in result:
+                failed.add(run["caches"])
+            elif run["cache"] == "cold" and run["knob"] == "default":
+                walls[run["variant"]] = result["process_wall_s"]
+            data["runs"].append(result)
+            data["env"] = data.get("env") or result.get("env")
+            for line in summary_lines(result):
+                print(line, flush=True)
+            write(args.json, data)
+    finally:
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+    data["table"] = [dict(run=r["run"]["name"], first_call_s=r.get("first_call_s"),
+                          backend_s=(r.get("phases_first_call") or {}).get("backend_call"),
+                          error=r.get("error")) for r in data["runs"]]
+    print("\nrun | first call s | dynamo own s | backend s | inductor s | async compile wait s | outside compile s")
+    for r in data["runs"]:
+        if "error" in r:
+            print(f"{r['run']['name']} | error: {r['error']}")
+            continue
+        p, d = r["phases_first_call"], r["derived_first_call"]
+        print(" | ".join([r["run"]["name"], _f(r["first_call_s"]), _f(d["dynamo_own"]), _f(p["backend_call"]),
+                          _f(p["inductor_compile_fx_inner"]), _f(p["triton_async_wait"]), _f(d[OUTSIDE[0]])]))
+    write(args.json, data)
+
+
+if __name__ == "__main__":
+    main()

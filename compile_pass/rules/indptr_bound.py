@@ -1,0 +1,348 @@
+"""The max over lengths a consumer reads through an indptr: `m = int(extend_seq_lens.max())` passed as an upper
+bound to a kernel that reads row b's entries at [indptr[b], indptr[b + 1]) becomes a static bound (issue 20,
+recipe 1: SGLang's Triton draft extend, where `max_extend_len` sizes the extend kernel's grid of query blocks).
+
+Before (Dynamo, capture_scalar_outputs on; B = 3 requests; qo_indptr a persistent [max_bs + 1] buffer):
+
+    cumsum = torch.cumsum(l_fb_extend_seq_lens, dim=0)                      # [B]
+    setitem = operator.setitem(l_self_qo_indptr, slice(1, 4, None), cumsum) # qo_indptr[1:B+1] = cumsum
+    qo_indptr = operator.getitem(l_self_qo_indptr, slice(None, 4, None))   # [B + 1]
+    max_1 = l_fb_extend_seq_lens.max()
+    item = max_1.item()                                                     # Sym(u0): device-to-host sync
+    torch.ops.sgl::extend_attention(q, k, v, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, ..., item)
+
+After (length_bounds={'extend_seq_lens': 8}; without it the bound is max_context_len):
+
+    cumsum = torch.cumsum(l_fb_extend_seq_lens, dim=0)
+    setitem = operator.setitem(l_self_qo_indptr, slice(1, 4, None), cumsum)
+    qo_indptr = operator.getitem(l_self_qo_indptr, slice(None, 4, None))
+    select = torch.ops.aten.select.int(qo_indptr, 0, 0)                    # the premise of a buffer indptr:
+    _assert_async = torch.ops.aten._assert_async.msg(eq(select, 0), ...)   #   qo_indptr[0] == 0, on the device
+    _assert_async_1 = ...(all(0 <= l_fb_extend_seq_lens <= 8), ...)        # checked: every length within the bound
+    torch.ops.sgl::extend_attention(q, k, v, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, ..., 8)
+
+The proof (docs/design.md, "The safety rule") follows every use of `m`:
+  1. an argument of a registered consumer (IndptrBoundConsumer: `indptr`, `upper_bounds`) named in its
+     upper_bounds, which accepts any value >= max_b (indptr[b + 1] - indptr[b]); `m + c` (c >= 0) likewise;
+  2. the graph output under options['static_escapes'] (SGLang stores max_extend_len on forward_metadata);
+  3. a compare that only feeds asserts (`torch._check(m <= T)`, Dynamo's `m >= 0`): kept, on the device.
+Each consumer's indptr must be the cumulative sum with a leading 0 of the values the max was taken over (+ c no
+larger than the use's offset): `F.pad(cumsum(L), (1, 0))`, `cat([zeros(1), cumsum(L)])` (normalize.indptr_of), or a
+buffer written `buf[1:B + 1] = cumsum(L)` and read `buf[:B + 1]`, whose entry 0 the graph does not show: the
+rewrite asserts `buf[0] == 0` on the device (always: it is the proof's premise, as the narrowing check is).
+Nothing may write the lengths or the indptr (the buffer) between their first read and the consumer. Then every
+row's entry count is L_b + c <= bound + c, the static value. The bound is per site (page_table.site_bound):
+max_context_len, or options['length_bounds'][name] for a declared lengths input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx
+
+from .._compat import example_value, known_equal
+from ..consumers import bind_arguments, facts_of, lookup_facts, overload_name, register_facts, \
+    schema_argument_names, unregister_facts
+from ..find_sync_points import SyncPoint
+from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
+from ..normalize import INT_DTYPES, asserted_bound, cumsum_source, dtype_of, indptr_of, scalar_add, \
+    strip_kept_values
+from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, describe_use, why_not
+from . import register_rule
+
+RULE = "indptr_bound"
+
+
+# -- facts (per overload, scoped by this rule) ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class IndptrBoundConsumer:
+    """An overload that reads, for each row b, only entries [indptr[b], indptr[b + 1]) of its ragged inputs, and
+    whose `upper_bounds` arguments accept any int >= max_b (indptr[b + 1] - indptr[b])."""
+
+    name: str
+    indptr: str
+    upper_bounds: tuple
+
+
+def register_indptr_bound_consumer(op, *, indptr: str, upper_bounds) -> IndptrBoundConsumer:
+    """Declare that the overload `op` reads row b's entries [indptr[b], indptr[b + 1]) and nothing else of its
+    ragged inputs, and that each argument named in `upper_bounds` (e.g. SGLang's max_len_extend) accepts any int
+    at or above the longest row. `op` is one overload; a packet, a custom_op or 'ns::name' means `.default`."""
+    name = overload_name(op)
+    try:
+        names = schema_argument_names(name)
+    except (AttributeError, RuntimeError) as e:
+        raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
+    if isinstance(upper_bounds, str):
+        raise TypeError(f"upper_bounds must be a tuple of argument names, got the string {upper_bounds!r}")
+    upper_bounds = tuple(upper_bounds)
+    if not upper_bounds:
+        raise ValueError("upper_bounds must name at least one argument of " + name)
+    for label, value in [("indptr", indptr)] + [("upper_bounds entry", v) for v in upper_bounds]:
+        if value not in names:
+            raise ValueError(f"{label} {value!r} is not an argument of {name} (arguments: {names})")
+    if indptr in upper_bounds:
+        raise ValueError(f"{indptr!r} cannot be both the indptr and an upper bound")
+    entry = IndptrBoundConsumer(name, indptr, upper_bounds)
+    register_facts(RULE, name, entry)
+    return entry
+
+
+def unregister_indptr_bound_consumer(op) -> None:
+    unregister_facts(RULE, op)
+
+
+def registered_indptr_bound_consumers() -> dict:
+    return facts_of(RULE)
+
+
+def _register_builtin_facts() -> None:
+    from .. import kernels
+
+    for name, facts in kernels.INDPTR_BOUND.items():
+        register_indptr_bound_consumer(name, **facts)
+
+
+_register_builtin_facts()
+
+
+# -- plans ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class UpperBound:
+    consumer: torch.fx.Node
+    argument: str
+    value: int  # the static bound + the use's offset
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCheck:
+    """`m + c op k` feeding only asserts: on the device, over the lengths."""
+
+    compare: torch.fx.Node
+    kind: str  # "upper" (every length <= limit) or "lower" (some length >= limit)
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True)
+class IndptrBoundPlan:
+    point: SyncPoint
+    bound: int
+    bound_source: str
+    lengths: torch.fx.Node  # the values the max was taken over, on the device where it was taken
+    bounds: tuple
+    offsets: tuple  # `m + c` nodes
+    escapes: tuple  # (node, offset) leaving through the graph output
+    checks: tuple
+    zero_heads: tuple  # (indptr node, first consumer): buffer indptrs whose entry 0 is asserted 0
+    touches: frozenset
+    disjoint: frozenset
+
+
+def _is_setitem_slice(node, buf) -> bool:
+    return node.op == "call_function" and node.target is operator.setitem and len(node.args) == 3 \
+        and node.args[0] is buf and isinstance(node.args[1], slice)
+
+
+def _slice_bounds(node):
+    """(start, stop) of `x[start:stop]` (step None or 1) as getitem on a node, else None."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2 \
+            or not isinstance(node.args[1], slice):
+        return None
+    s = node.args[1]
+    if s.step not in (None, 1):
+        return None
+    return s.start, s.stop
+
+
+def _value(x):
+    return example_value(x) if isinstance(x, torch.fx.Node) else x
+
+
+class _Walk:
+    """One max's proof: its uses, and each consumer's indptr."""
+
+    def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
+        self.point, self.ctx, self.bound = point, ctx, bound
+        self.root, self.chain = strip_kept_values(point.source, allow_moves=True, allow_narrowing=True)
+        self.first = ctx.first(point.nodes)
+        self.bounds, self.offsets, self.escapes, self.checks, self.zero_heads = [], [], [], [], []
+        self.disjoint: set = set()
+
+    def follow_value(self, node: torch.fx.Node, offset: int) -> None:
+        for user in list(node.users):
+            add = scalar_add(user, node)
+            if add is not None:
+                if offset + add < 0:
+                    raise Unsafe("subtracted", f"the max minus {-(offset + add)} ({describe_use(user)}) is not an "
+                                               "upper bound")
+                self.offsets.append(user)
+                self.follow_value(user, offset + add)
+                continue
+            check = asserted_bound(user, node)
+            if check is not None:
+                kind, k = check
+                self.checks.append(HostCheck(user, kind, k - offset))
+                continue
+            if user.op == "output" and self.ctx.options.static_escapes:
+                self.escapes.append((node, offset))
+                continue
+            facts = lookup_facts(RULE, user) if user.op == "call_function" else None
+            if isinstance(facts, IndptrBoundConsumer):
+                args = bind_arguments(facts.name, user.args, user.kwargs)
+                names = [k for k, v in args.items() if v is node]
+                if not names or not all(k in facts.upper_bounds for k in names):
+                    raise Unsafe("not_an_upper_bound",
+                                 f"passed to {facts.name} as {names}, which is not an upper-bound argument")
+                self.prove_consumer(user, facts, args, offset)
+                self.bounds.extend(UpperBound(user, k, self.bound + offset) for k in names)
+                continue
+            raise why_not(user, "the max")
+
+    def prove_consumer(self, node, facts: IndptrBoundConsumer, args, offset: int) -> None:
+        indptr = args.get(facts.indptr)
+        if not isinstance(indptr, torch.fx.Node):
+            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} is not a tensor of the graph")
+        spelled = indptr_of(indptr)
+        write = buf = None
+        if spelled is not None:
+            lengths, nodes = spelled
+            protected = [indptr, *nodes]
+        else:  # the buffer and its view are checked from their write on, below; the cumsum from the start
+            lengths, nodes, write, buf = self.buffer_indptr(node, facts, indptr)
+            protected = [nodes[-1]]
+        try:
+            rel = self.ctx.relate_lengths(self.point.source, lengths, f"the cumsum of {facts.name}'s {facts.indptr}")
+        except Unsafe as e:
+            raise Unsafe("indptr_differs", e.message) from None
+        if rel.offset > offset:
+            raise Unsafe("lengths_exceed", f"{facts.name}'s {facts.indptr} counts the max's values + {rel.offset} "
+                                           f"per row, but the bound adds only {offset}")
+        # The lengths and the indptr as they were read: nothing writes them before the consumer reads.
+        protected += [self.root, *self.chain, rel.root, *rel.chain, rel.lengths]
+        first = self.ctx.first([self.first, *self.chain, *rel.chain, *nodes])
+        self.ctx.check_no_writes(node, protected, "the lengths or the indptr", first, self.disjoint)
+        if buf is not None:  # the buffer: its cumsum write fills it, nothing may write it after
+            self.ctx.check_no_writes(node, [buf, *nodes[:-2]], "the indptr buffer", write, self.disjoint)
+            self.zero_heads.append((indptr, node))
+        if rel.via_mirror:
+            mirror = rel.root if rel.root in self.ctx.mirrors else self.root
+            self.ctx.check_no_writes(node, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
+                                     None, self.disjoint)
+        check_outputs_keep(node, {}, facts.name, "the static bound",
+                           overrides={k: self.bound + offset for k in facts.upper_bounds},
+                           may_return_nothing=True)
+
+    def buffer_indptr(self, consumer, facts, indptr):
+        """`buf[1:B + 1] = cumsum(L)` then `buf[:B + 1]` (SGLang's qo_indptr): (L, nodes, the write, buf)."""
+        stripped, passed = strip_kept_values(indptr, allow_moves=False, allow_narrowing=False)
+        span = _slice_bounds(stripped) if isinstance(stripped, torch.fx.Node) else None
+        buf = stripped.args[0] if span is not None else None
+        if span is None or span[0] not in (None, 0) or not isinstance(buf, torch.fx.Node) \
+                or dtype_of(buf) not in INT_DTYPES or getattr(example_value(buf), "ndim", 0) != 1:
+            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} ({indptr.name}) is not recognised as an "
+                                           "indptr (F.pad(torch.cumsum(L, 0), (1, 0)), torch.cat([zeros(1), "
+                                           "cumsum(L)]) or buf[1:B + 1] = cumsum(L) read as buf[:B + 1])")
+        writes = [n for n in buf.users if _is_setitem_slice(n, buf) and self.ctx.index(n) < self.ctx.index(stripped)]
+        if not writes:
+            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} is a slice of {buf.name}, which the graph "
+                                           "does not fill with a cumulative sum")
+        write = max(writes, key=self.ctx.index)
+        target, value = write.args[1], write.args[2]
+        lengths = cumsum_source(strip_kept_values(value)[0]) if isinstance(value, torch.fx.Node) else None
+        if lengths is None or target.start != 1 or target.step not in (None, 1):
+            raise Unsafe("indptr_differs", f"{buf.name} is last written at {node_location(write)} by something other "
+                                           "than buf[1:B + 1] = cumsum(lengths)")
+        rows = example_value(lengths).shape[0]
+        if not (known_equal(_value(target.stop), rows + 1) and known_equal(_value(span[1]), rows + 1)):
+            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} spans other rows than the {rows} lengths "
+                                           f"written into {buf.name} at {node_location(write)}: rows past them hold "
+                                           "whatever the buffer held")
+        return lengths, [*passed, stripped, write, value], write, buf  # nodes: the view chain, the write, the cumsum
+
+    def plan(self, bound_source: str) -> IndptrBoundPlan:
+        touches = set(self.point.nodes) | set(self.offsets) | {b.consumer for b in self.bounds} \
+            | {c.compare for c in self.checks}
+        return IndptrBoundPlan(self.point, self.bound, bound_source, self.root, tuple(self.bounds),
+                               tuple(self.offsets), tuple(self.escapes), tuple(self.checks), tuple(self.zero_heads),
+                               frozenset(touches), frozenset(self.disjoint))
+
+
+def _reaches_consumer(value: torch.fx.Node, depth: int = 3) -> bool:
+    for user in value.users:
+        if user.op == "call_function" and isinstance(lookup_facts(RULE, user), IndptrBoundConsumer):
+            return True
+        if depth and scalar_add(user, value) is not None and _reaches_consumer(user, depth - 1):
+            return True
+    return False
+
+
+@register_rule
+class IndptrBoundMax:
+    """A max over lengths that a consumer reads through an indptr of them, passed as its upper bound: the static
+    bound (max_context_len, or the declared per-site bound)."""
+
+    name = RULE
+    options: dict = {}
+
+    def match(self, read: SyncPoint) -> bool:
+        return read.is_max and _reaches_consumer(read.value)
+
+    def prove(self, read: SyncPoint, ctx: ProofContext) -> IndptrBoundPlan:
+        check_max_of_lengths(read, ctx)
+        from .page_table import site_bound  # imported here: page_table registers its rule after this one
+
+        bound, bound_source = site_bound(read.source, ctx)
+        walk = _Walk(read, ctx, bound)
+        walk.follow_value(read.value, 0)
+        return walk.plan(bound_source)
+
+    def rewrite(self, plan: IndptrBoundPlan, graph: torch.fx.Graph, options) -> str:
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min((b.consumer for b in plan.bounds), key=order.get, default=None)
+        anchor = first if first is not None else graph.output_node()
+        parts = []
+        for indptr, consumer in dict.fromkeys(plan.zero_heads):
+            head = insert_call(graph, consumer, torch.ops.aten.select.int, (indptr, 0, 0), consumer)
+            zero = insert_call(graph, consumer, torch.ops.aten.eq.Scalar, (head, 0), consumer)
+            insert_call(graph, consumer, torch.ops.aten._assert_async.msg,
+                        (zero, f"syncfree: {indptr.name}[0] is not 0 at {node_location(consumer)}: the indptr "
+                               "buffer's first entry is the premise of the static bound"), consumer)
+            parts.append(f"{indptr.name}[0] == 0 asserted on the device")
+        for check in plan.checks:  # the check keeps its meaning, on the device, over the lengths
+            if check.kind == "upper":
+                insert_device_assert(graph, check.compare, plan.lengths, check.limit,
+                                     f"syncfree: the check at {node_location(check.compare)} failed")
+            else:
+                most = insert_call(graph, check.compare, torch.ops.aten.amax.default, (plan.lengths,), check.compare)
+                holds = insert_call(graph, check.compare, torch.ops.aten.ge.Scalar, (most, check.limit),
+                                    check.compare)
+                insert_call(graph, check.compare, torch.ops.aten._assert_async.msg,
+                            (holds, f"syncfree: the check at {node_location(check.compare)} failed"), check.compare)
+            for a in list(check.compare.users):
+                graph.erase_node(a)
+            graph.erase_node(check.compare)
+        if options.checked:
+            insert_device_assert(graph, anchor, plan.lengths, plan.bound,
+                                 f"syncfree: a length is outside [0, {plan.bound}] ({plan.bound_source}), the static "
+                                 f"bound of the max at {plan.point.location}", low=0)
+        for b in plan.bounds:
+            names = schema_argument_names(lookup_facts(RULE, b.consumer).name)
+            if b.argument in b.consumer.kwargs or names.index(b.argument) >= len(b.consumer.args):
+                b.consumer.update_kwarg(b.argument, b.value)
+            else:
+                b.consumer.update_arg(names.index(b.argument), b.value)
+            parts.append(f"{b.argument} -> {b.value}")
+        if plan.escapes:
+            output = graph.output_node()
+            replace = {node: plan.bound + offset for node, offset in plan.escapes}
+            output.args = torch.fx.node.map_aggregate(
+                output.args, lambda a: replace.get(a, a) if isinstance(a, torch.fx.Node) else a)
+            parts.append("escaping values leave at the static bound (options['static_escapes'])")
+        parts.append(f"bound {plan.bound} ({plan.bound_source})")
+        if options.checked:
+            parts.append("lengths asserted on the device")
+        erase_if_dead(graph, [*reversed(plan.offsets), plan.point.value, *plan.point.nodes])
+        return "rewritten: " + "; ".join(parts)
