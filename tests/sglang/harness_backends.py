@@ -120,9 +120,18 @@ _USER_OPS: dict = {}
 
 
 def register_user_ops():
-    """What a user writes to get the Triton backend's kernels into the graph: the two kernels as
+    """What a user writes to get the Triton backend's kernels into the graph: the kernels as
     torch.library.custom_op (the same contracts as the kernels, standins/sglang_triton_ops.py), instead of
-    torch.compiler.disable. Returns {"decode": fn, "extend": fn} with the backend's call signatures."""
+    torch.compiler.disable, with thin functions of the backend's call signatures to assign to
+    backend.decode_attention_fwd / backend.extend_attention_fwd.
+
+    Returns {"decode", "extend", "extend_inplace"} (those functions) and the ops {"decode_op", "extend_op",
+    "extend_inplace_op"}. Two spellings of the extend op:
+      sglang_user::extend_attention          functional: takes o_extend, returns it with row b's computed queries
+                                             written (the rest as o_extend held them); the shim copies it into
+                                             o_extend. The form to recommend: the pass can check what it returns.
+      sglang_user::extend_attention_fwd      SGLang's own convention: writes o_extend in place, returns nothing.
+    sglang_user::decode_attention_fwd writes o (and the split scratch) in place, like the kernel."""
     if _USER_OPS:
         return _USER_OPS
     import sglang_triton_ops as ops
@@ -136,23 +145,41 @@ def register_user_ops():
                                   num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, page_size)
 
     @decode_op.register_fake
-    def _(*args):
+    def _(*args, **kwargs):
         return None
 
     @torch.library.custom_op("sglang_user::extend_attention_fwd", mutates_args=("o_extend",))
+    def extend_inplace_op(q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor,
+                          o_extend: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                          qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                          custom_mask: Optional[torch.Tensor], is_causal: bool, mask_indptr: Optional[torch.Tensor],
+                          max_len_extend: int, k_scale: float, v_scale: float, sm_scale: Optional[float],
+                          logit_cap: float, skip_prefix_custom_mask: bool, sliding_window_size: int,
+                          page_size: int) -> None:
+        ops.extend_attention_impl(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                                  kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
+                                  sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, page_size)
+
+    @extend_inplace_op.register_fake
+    def _(*args, **kwargs):
+        return None
+
+    @torch.library.custom_op("sglang_user::extend_attention", mutates_args=())
     def extend_op(q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor, o_extend: torch.Tensor,
                   k_buffer: torch.Tensor, v_buffer: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                   kv_indices: torch.Tensor, custom_mask: Optional[torch.Tensor], is_causal: bool,
                   mask_indptr: Optional[torch.Tensor], max_len_extend: int, k_scale: float, v_scale: float,
                   sm_scale: Optional[float], logit_cap: float, skip_prefix_custom_mask: bool,
-                  sliding_window_size: int, page_size: int) -> None:
-        ops.extend_attention_impl(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                  sliding_window_size: int, page_size: int) -> torch.Tensor:
+        out = o_extend.clone()
+        ops.extend_attention_impl(q_extend, k_extend, v_extend, out, k_buffer, v_buffer, qo_indptr, kv_indptr,
                                   kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
                                   sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, page_size)
+        return out
 
     @extend_op.register_fake
-    def _(*args):
-        return None
+    def _(q_extend, k_extend, v_extend, o_extend, *args, **kwargs):
+        return torch.empty_like(o_extend)
 
     def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
                              max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None,
@@ -164,22 +191,29 @@ def register_user_ops():
         decode_op(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
                   max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, page_size)
 
-    def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-                             kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-                             sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
-                             sinks=None, window_kv_offsets=None, xai_temperature_len=-1, lse_extend=None,
-                             skip_prefix=False, skip_extend=False, page_size=1, score_mod=None, aux_tensors=None,
-                             extend_seq_lens_cpu=None, identity_kv_indices=False):
-        if (sinks is not None or window_kv_offsets is not None or lse_extend is not None or score_mod is not None
-                or aux_tensors is not None or skip_prefix or skip_extend or xai_temperature_len != -1):
-            raise NotImplementedError("sglang_user::extend_attention_fwd: an option the op does not cover")
-        # extend_seq_lens_cpu only sizes HIP's compact grid: the op does not take it
-        extend_op(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                  custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
-                  skip_prefix_custom_mask, sliding_window_size, page_size)
+    def extend_shim(op, functional):
+        def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                                 kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
+                                 sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
+                                 sinks=None, window_kv_offsets=None, xai_temperature_len=-1, lse_extend=None,
+                                 skip_prefix=False, skip_extend=False, page_size=1, score_mod=None,
+                                 aux_tensors=None, extend_seq_lens_cpu=None, identity_kv_indices=False):
+            if (sinks is not None or window_kv_offsets is not None or lse_extend is not None
+                    or score_mod is not None or aux_tensors is not None or skip_prefix or skip_extend
+                    or xai_temperature_len != -1):
+                raise NotImplementedError("sglang_user extend attention: an option the op does not cover")
+            # extend_seq_lens_cpu only sizes HIP's compact grid: the op does not take it
+            out = op(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                     custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
+                     skip_prefix_custom_mask, sliding_window_size, page_size)
+            if functional:
+                o_extend.copy_(out)
 
-    _USER_OPS.update(decode=decode_attention_fwd, extend=extend_attention_fwd, decode_op=decode_op,
-                     extend_op=extend_op)
+        return extend_attention_fwd
+
+    _USER_OPS.update(decode=decode_attention_fwd, extend=extend_shim(extend_op, True),
+                     extend_inplace=extend_shim(extend_inplace_op, False), decode_op=decode_op, extend_op=extend_op,
+                     extend_inplace_op=extend_inplace_op)
     return _USER_OPS
 
 
@@ -280,7 +314,9 @@ class Path:
     backend: str  # triton | flashmla | trtllm_mla
     mode: str  # decode | target_verify | draft_extend
     draft_tokens: int = 0
-    kernels: str = "sglang"  # triton: "sglang" (the backend's torch.compiler.disable'd kernels) | "custom_op"
+    # triton: "sglang" (the backend's torch.compiler.disable'd kernels) | "custom_op" (register_user_ops, the
+    # functional extend op) | "custom_op_inplace" (the extend op writing o_extend in place, SGLang's convention)
+    kernels: str = "sglang"
     traceable_index_table: bool = False  # triton: KVIndexTable as a dataclass (see the module docstring)
     seq_lens_sum: bool = True  # publish forward_batch.seq_lens_sum (a host int the scheduler computes)
     host_lists: bool = True  # draft extend: publish extend_seq_lens_cpu / extend_prefix_lens_cpu
@@ -317,10 +353,10 @@ class Engine:
                                          draft_tokens=path.draft_tokens)
         if path.backend == "triton":
             self.backend = m.triton_backend.TritonAttnBackend(self.runner)
-            if path.kernels == "custom_op":
+            if path.kernels in ("custom_op", "custom_op_inplace"):
                 ops = register_user_ops()
                 self.backend.decode_attention_fwd = ops["decode"]
-                self.backend.extend_attention_fwd = ops["extend"]
+                self.backend.extend_attention_fwd = ops["extend" if path.kernels == "custom_op" else "extend_inplace"]
         elif path.backend == "flashmla":
             self.backend = m.flashmla_backend.FlashMLABackend(self.runner, skip_prefill=True)
         elif path.backend == "trtllm_mla":

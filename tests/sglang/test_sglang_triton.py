@@ -12,8 +12,9 @@ Two things stop the graph in SGLang's own code, whatever the lengths:
      `_passthrough_table`, reached from `pack_read_stream` -> `read_source`), which Dynamo cannot construct.
 The unmodified paths show both; the `_op` paths replace the kernels as a user would (register_user_ops:
 torch.library.custom_op with the kernels' contracts, assigned to backend.decode_attention_fwd /
-backend.extend_attention_fwd); the `_op_table` paths also make the index table traceable (a dataclass with the
-same fields, the shim in harness_backends.py).
+backend.extend_attention_fwd; the extend op in its functional form, returning the output, unless `_inplace_`);
+the `_op_table` paths also make the index table traceable (a dataclass with the same fields, the shim in
+harness_backends.py).
 
 | path | status | reason | what it costs a user | what they can do |
 |---|---|---|---|---|
@@ -21,16 +22,18 @@ same fields, the shim in harness_backends.py).
 | triton_decode_no_sum (seq_lens_sum None) | graph_break | the same | the same | the same |
 | triton_verify | graph_break | the same (extend kernel) | the same | the same |
 | triton_draft_extend (host lists) | graph_break | the same | the same | the same |
-| triton_draft_extend_no_lists | graph_break | the same; `int(extend_seq_lens.max())` (triton_backend.py:1126) is a host sync before the first break | a device->host sync per step as well | the same, then the indptr rule (below) |
+| triton_draft_extend_no_lists | graph_break | the same; `int(extend_seq_lens.max())` (triton_backend.py:1126) is a host sync before the first break | a device->host sync per step as well | the same, then the indptr rule's facts (below) |
 | triton_decode_op (custom ops only) | graph_break | KVIndexTable | one break left, in the metadata builder: two pieces per step | make KVIndexTable traceable (upstream: a dataclass / NamedTuple instead of msgspec.Struct) |
 | triton_decode_op_table | nothing | no host read | one graph per shape; a new seq_lens_sum value recompiles once, then it is a dynamic int | nothing more |
 | triton_decode_no_sum_op_table | nothing | no host read (`bs * max_context_len`, triton_backend.py:905) | one graph | nothing more |
 | triton_verify_op_table | nothing | no host read (max_extend_len is num_tokens_per_req) | one graph | nothing more |
 | triton_draft_extend_op_table (host lists) | nothing | host lists only (`max(extend_seq_lens_cpu)`, `sum(extend_prefix_lens_cpu)`): no device sync | recompiles as the list values change (they are Python ints), then dynamic | publish the host lists (SGLang's scheduler does) |
-| triton_draft_extend_no_lists_op_table | rewritten (NEEDS_RULE until the indptr rule lands: kept, not_a_consumer) | `max_extend_len = int(extend_seq_lens.max())` -> length_bounds['extend_seq_lens'] = 4 | before the rule: one device->host sync per step | register_indptr_bound_consumer(sglang_user::extend_attention_fwd, indptr="qo_indptr", upper_bounds=("max_len_extend",)), options length_bounds={"extend_seq_lens": 4} (or max_context_len), static_escapes=True (the max is stored on forward_metadata) |
+| triton_draft_extend_no_lists_op_table | rewritten | `max_extend_len = int(extend_seq_lens.max())` (triton_backend.py:1126) -> length_bounds['extend_seq_lens'] = 4 (max_len_extend -> 4; qo_indptr[0] == 0 and every length in [0, 4] asserted on the device) | nothing: no host sync, one graph per shape, Inductor's post-grad graph holds no host read | register_indptr_bound_consumer(sglang_user::extend_attention, indptr="qo_indptr", upper_bounds=("max_len_extend",)); options length_bounds={"extend_seq_lens": 4} (without it the bound is max_context_len), static_escapes=True (the max is stored on forward_metadata) |
+| triton_draft_extend_no_lists_inplace_op_table | kept (output_changes; NEEDS_RULE: rewritten) | the same, with the extend op writing o_extend in place and returning nothing (SGLang's convention): the rule cannot check its outputs on fake tensors | one device->host sync per step | register the op in the functional form (returns the output), as above |
 
 Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style, fast) for all
 but `triton_draft_extend_no_lists_op_table`, which goes through compile_pass.compile (Inductor).
+The indptr rule's facts are registered here (the `triton_backend` fixture), through the public API.
 
 EXPECTED is the end state per path (status, then a reason code for kept or words Dynamo's reason must contain for
 graph_break); the entries in NEEDS_RULE are not met yet and xfail naming the rule they wait for (strict: once met,
@@ -38,6 +41,8 @@ the test fails until the entry is removed).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -69,6 +74,9 @@ PATHS = {p.name: p for p in [
     _triton("triton_draft_extend_op_table", "draft_extend", **OP_TABLE),
     _triton("triton_draft_extend_no_lists_op_table", "draft_extend", host_lists=False, inductor=True,
             options={**SE, "length_bounds": {"extend_seq_lens": 4}}, **OP_TABLE),
+    _triton("triton_draft_extend_no_lists_inplace_op_table", "draft_extend", host_lists=False,
+            options={**SE, "length_bounds": {"extend_seq_lens": 4}}, kernels="custom_op_inplace",
+            traceable_index_table=True),
 ]}
 
 STRUCT = "kv_index_translator.py:529: Unsupported object.__new__ user-defined class construction"
@@ -87,15 +95,17 @@ EXPECTED = {
     "triton_verify_op_table": ("nothing", None),
     "triton_draft_extend_op_table": ("nothing", None),
     "triton_draft_extend_no_lists_op_table": ("rewritten", "extend_seq_lens"),
+    "triton_draft_extend_no_lists_inplace_op_table": ("rewritten", "extend_seq_lens"),
 }
-INDPTR_RULE = ("recipe 1, lengths through an indptr: compile_pass.register_indptr_bound_consumer(op, "
-               "indptr='qo_indptr', upper_bounds=('max_len_extend',)) is not on main yet; today the max is kept "
-               "(not_a_consumer)")
 NEEDS_RULE = {
-    "triton_draft_extend_no_lists_op_table": INDPTR_RULE,
+    # proof.check_outputs_keep finds its fake mode from the consumer's output and the swapped nodes; an op that
+    # writes o_extend in place and returns nothing has neither (indptr_bound passes swap={}), so it is kept
+    "triton_draft_extend_no_lists_inplace_op_table": (
+        "indptr_bound: a consumer that returns nothing (writes its output in place, as SGLang's "
+        "extend_attention_fwd does) cannot be checked on fake tensors today: kept (output_changes)"),
 }
 # what the paths in NEEDS_RULE report until then (asserted, so that a change shows)
-UNTIL_THEN = {"triton_draft_extend_no_lists_op_table": ("kept", "not_a_consumer")}
+UNTIL_THEN = {"triton_draft_extend_no_lists_inplace_op_table": ("kept", "output_changes")}
 
 _OUTCOMES: dict = {}
 
@@ -106,13 +116,11 @@ def triton_backend(sglang_fa3):
     ops = B.register_user_ops()
     import compile_pass
 
-    registered = None
-    if hasattr(compile_pass, "register_indptr_bound_consumer"):  # recipe 1 (the indptr rule), once on main
-        registered = compile_pass.register_indptr_bound_consumer(
-            ops["extend_op"], indptr="qo_indptr", upper_bounds=("max_len_extend",))
+    for op in (ops["extend_op"], ops["extend_inplace_op"]):  # recipe 1, the indptr rule's facts
+        compile_pass.register_indptr_bound_consumer(op, indptr="qo_indptr", upper_bounds=("max_len_extend",))
     yield ops
-    if registered is not None and hasattr(compile_pass, "unregister_indptr_bound_consumer"):
-        compile_pass.unregister_indptr_bound_consumer(ops["extend_op"])
+    for op in (ops["extend_op"], ops["extend_inplace_op"]):
+        compile_pass.unregister_indptr_bound_consumer(op)
 
 
 def outcome(name):
@@ -138,6 +146,27 @@ def test_report(triton_backend, name):
         B.check_status(result, *UNTIL_THEN[name])
         pytest.xfail(NEEDS_RULE[name])
     B.check_status(result, status, detail)
+
+
+def test_the_draft_extend_is_sync_free_through_inductor(triton_backend):
+    """The rewritten draft extend compiled by Inductor: no host read left in the post-grad graph, and the extend
+    op gets the declared bound."""
+    result = outcome("triton_draft_extend_no_lists_op_table")
+    assert result.status == "rewritten", B.shown(result)
+    for report in result.reports:
+        assert report.post_grad is not None and not report.post_grad["reads"], B.shown(result)
+        assert not report.post_grad["unbacked_symbols"] and not report.post_grad["local_scalar_dense"]
+        assert "max_len_extend -> 4" in report.rewritten[0].reason, B.shown(result)
+
+
+def test_an_extend_length_past_the_declared_bound_raises_on_the_device(triton_backend):
+    """length_bounds={'extend_seq_lens': 2} with rows extending up to 4 tokens: the check the rewrite inserts
+    (checked, the default) fails on the device instead of launching too few query blocks."""
+    path = dataclasses.replace(PATHS["triton_draft_extend_no_lists_op_table"], inductor=False,
+                               options={**SE, "length_bounds": {"extend_seq_lens": 2}})
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"outside \[0, 2\] \(length_bounds\['extend_seq_lens'\]=2\)"):
+        B.run_path(path, vectors=1)
 
 
 def test_the_unmodified_draft_extend_without_host_lists_syncs_before_it_breaks(triton_backend):
