@@ -26,9 +26,10 @@ What is patched, and why (all by `setup()`, in module namespaces; no SGLang file
 What a user does to get the kernels into one graph (`Path.kernels == "custom_op"`, the fix the report tables
 recommend): the backend's torch.compiler.disable'd kernels `backend.decode_attention_fwd` /
 `backend.extend_attention_fwd` are replaced by thin Python functions with the same signature that call a
-torch.library.custom_op of the same contract (`register_user_ops()`: sglang_user::decode_attention_fwd and
-sglang_user::extend_attention_fwd, mutates_args declared, fake implementations registered). The unmodified
-paths (`kernels == "sglang"`) run too, so both outcomes are shown.
+torch.library.custom_op of the same contract (`register_user_ops()`: sglang_user::decode_attention_fwd, and
+sglang_user::extend_attention (functional, returns the output) or sglang_user::extend_attention_fwd (in place,
+`kernels == "custom_op_inplace"`), fake implementations registered). The unmodified paths
+(`kernels == "sglang"`) run too, so both outcomes are shown.
 
 One more shim, for the paths that ask for it (`traceable_index_table=True`): KVIndexTranslator builds a
 `KVIndexTable(msgspec.Struct)` per gather (kv_index_translator.py, `_passthrough_table`), which Dynamo cannot

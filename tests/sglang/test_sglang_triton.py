@@ -23,7 +23,7 @@ harness_backends.py).
 | triton_verify | graph_break | the same (extend kernel) | the same | the same |
 | triton_draft_extend (host lists) | graph_break | the same | the same | the same |
 | triton_draft_extend_no_lists | graph_break | the same; `int(extend_seq_lens.max())` (triton_backend.py:1126) is a host sync before the first break | a device->host sync per step as well | the same, then the indptr rule's facts (below) |
-| triton_decode_op (custom ops only) | graph_break | KVIndexTable | one break left, in the metadata builder: two pieces per step | make KVIndexTable traceable (upstream: a dataclass / NamedTuple instead of msgspec.Struct) |
+| triton_decode_op (custom ops only) | graph_break | KVIndexTable | one break left, in the metadata builder (Dynamo splits every frame on its call stack there: several graphs per step) | make KVIndexTable traceable (upstream: a dataclass / NamedTuple instead of msgspec.Struct) |
 | triton_decode_op_table | nothing | no host read | one graph per shape; a new seq_lens_sum value recompiles once, then it is a dynamic int | nothing more |
 | triton_decode_no_sum_op_table | nothing | no host read (`bs * max_context_len`, triton_backend.py:905) | one graph | nothing more |
 | triton_verify_op_table | nothing | no host read (max_extend_len is num_tokens_per_req) | one graph | nothing more |
