@@ -470,9 +470,9 @@ class AllocatedTableMax:
 
     After (max_context_len=4096; checked):
 
-        ge_scalar = torch.ops.aten.ge.Scalar(l_seq_lens_, -63)               # Dynamo's check, on the device:
-        any_1 = torch.ops.aten.any.default(ge_scalar)                         #   max >= -63 <=> any(x >= -63)
-        _assert_async = torch.ops.aten._assert_async.msg(any_1, '...')
+        amax = torch.ops.aten.amax.default(l_seq_lens_)                      # Dynamo's check, on the device:
+        ge_scalar = torch.ops.aten.ge.Scalar(amax, -63)                       #   max >= -63
+        _assert_async = torch.ops.aten._assert_async.msg(ge_scalar, '...')
         table = torch.full((3, 64), -1, dtype=torch.int32, device=device(type='cpu'))   # ceil(4096 / 64) pages
         le = torch.ops.aten.le.Scalar(l_seq_lens_, 4096); ...; _assert_async_1 = ...   # lengths <= the bound
         triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(
@@ -516,10 +516,12 @@ class AllocatedTableMax:
         dead: list = []
         parts = []
         for compare, asserts, k, source in plan.lower_checks:
-            within = insert_call(graph, compare, torch.ops.aten.ge.Scalar, (source, k), compare)
-            some = insert_call(graph, compare, torch.ops.aten.any.default, (within,), compare)
+            # max(x) >= k as amax, not any(x >= k): Inductor (torch 2.11, CUDA) stores a bool reduction as int8
+            # and then fails to compile the device assert on it ('tt.assert' wants i1; seen on the H200).
+            most = insert_call(graph, compare, torch.ops.aten.amax.default, (source,), compare)
+            holds = insert_call(graph, compare, torch.ops.aten.ge.Scalar, (most, k), compare)
             insert_call(graph, compare, torch.ops.aten._assert_async.msg,
-                        (some, f"syncfree: the check at {node_location(compare)} failed: the max is below {k}"),
+                        (holds, f"syncfree: the check at {node_location(compare)} failed: the max is below {k}"),
                         compare)
             dead += [compare, *asserts]
         for t in plan.tables:
