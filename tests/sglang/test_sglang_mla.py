@@ -1,0 +1,202 @@
+"""SGLang 0.5.23's FlashMLABackend and TRTLLMMLABackend (the PyPI wheel, unmodified) compiled through the syncfree
+pass on CPU: the eager decode, target-verify and draft-extend paths (`init_forward_metadata`), and FlashMLA's
+CUDA-graph replay metadata (`init_forward_metadata_out_graph`, what runs before every replay).
+
+The kernels are CPU stand-ins with their contracts (standins/flash_mla, standins/flashinfer_mla.py,
+standins/sglang_triton_ops.py: the block-table writer). Their facts are registered here, as a user would, through
+compile_pass.register_self_guarding_consumer: FlashMLA's decode reads cdiv(cache_seqlens[b], 64) blocks of row b,
+TRTLLM-MLA's reads cdiv(seq_lens[b], page) pages and takes max_seq_len as an upper bound.
+
+Both backends size their block table with a host max only where a CPU mirror is published
+(`seq_lens_cpu.max().item()`, flashmla_backend.py:164 / :352, trtllm_mla_backend.py:834); otherwise they use the
+static bound `max_context_len` themselves. Their SGLang default is no mirror (`needs_cpu_seq_lens = False`).
+
+| path | status | reason | what it costs a user | what they can do |
+|---|---|---|---|---|
+| flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
+| flashmla_decode_mirror (verify, draft extend: the same line) | graph_break | `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151, the persistent block table grown to the running max) | a host read of the mirror, a graph break per step and the metadata builder outside the graph | do not publish seq_lens_cpu for FlashMLA (its default); or a branch-free builder (the static width) |
+| flashmla_replay_{decode,verify,draft_extend} | kept (table_use) | the max-sized slice `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (flashmla_backend.py:427) reaches `block_kv_indices[:bs]` (flashmla_backend.py:498 / :587) before the kernel: a row slice the page-table rule does not know | a host read of the mirror before every replay | pass rule gaps (see TRITON_MLA.md): `t[:B]` with B = t's rows as an identity, the stored table reaching consumers through it under static_escapes, the max over `seq_lens_cpu[:bs]` (flashmla_backend.py:340) related to `seq_lens` |
+| trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
+| trtllm_mla_decode_mirror (verify, draft extend: the same line) | graph_break | `if blocks % constraint_lcm != 0` (trtllm_mla_backend.py:355, padding the page count to lcm(128 / page, 4096 / page)) | a host read, a graph break per step | do not publish seq_lens_cpu (its default) |
+
+No path here reaches the allocated_table rule: where a max sizes the table (mirror published), SGLang branches on
+it first (the two lines above), stores the table on the backend (flashmla_backend.py:155 and the metadata;
+trtllm_mla_backend.py:902, `forward_batch.decode_trtllm_mla_metadata`), and launches
+create_flashmla_kv_indices_triton with `kv_indices_ptr_stride: tl.constexpr` (kv_indices.py:201) on a grid
+whose second axis is the width's block count (flashmla_backend.py:178, trtllm_mla_backend.py:462); the rule
+needs a non-constexpr stride and a (rows, 1, 1) grid, and it keeps a table that escapes.
+
+Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style) for all but
+flashmla_replay_decode and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness_backends as B
+
+SE = {"static_escapes": True}
+P = B.Path
+
+
+def _mla(backend, mode, mirror=False, replay=False, inductor=False):
+    name = f"{backend}_{'replay_' if replay else ''}{mode if mode != 'target_verify' else 'verify'}" \
+           f"{'_mirror' if mirror and not replay else ''}"
+    return P(name, backend, mode, draft_tokens=0 if mode == "decode" else 4, mirror=mirror or replay,
+             replay=replay, options=SE, inductor=inductor)
+
+
+MODES = ("decode", "target_verify", "draft_extend")
+PATHS = {p.name: p for p in [
+    *[_mla("flashmla", m) for m in MODES],
+    _mla("flashmla", "decode", mirror=True),  # verify / draft extend reach the same line (flashmla_backend.py:151)
+    *[_mla("flashmla", m, replay=True, inductor=m == "decode") for m in MODES],
+    *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
+    _mla("trtllm_mla", "decode", mirror=True),  # verify / draft extend: the same line (trtllm_mla_backend.py:355)
+]}
+
+FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
+                  "data-dependent expression"
+TRTLLM_BRANCH = "trtllm_mla_backend.py:355: Consider annotating your code using torch._check*(). Could not guard on " \
+                "data-dependent expression"
+EXPECTED = {
+    "flashmla_decode": ("nothing", None),
+    "flashmla_verify": ("nothing", None),
+    "flashmla_draft_extend": ("nothing", None),
+    "flashmla_decode_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    "flashmla_replay_decode": ("kept", "table_use"),
+    "flashmla_replay_verify": ("kept", "table_use"),
+    "flashmla_replay_draft_extend": ("kept", "table_use"),
+    "trtllm_mla_decode": ("nothing", None),
+    "trtllm_mla_verify": ("nothing", None),
+    "trtllm_mla_draft_extend": ("nothing", None),
+    "trtllm_mla_decode_mirror": ("graph_break", (TRTLLM_BRANCH,)),
+}
+NEEDS_RULE: dict = {}
+
+_OUTCOMES: dict = {}
+CONSUMERS = (
+    ("flash_mla_standin::fwd_kvcache_mla",
+     dict(page_table="block_table", lengths="cache_seqlens", page_size_of=("k_cache", 1))),
+    ("flashinfer_standin::trtllm_batch_decode_mla",
+     dict(page_table="block_tables", lengths="seq_lens", upper_bounds=("max_seq_len",), page_size_of=("kv_cache", 2))),
+)
+
+
+@pytest.fixture(scope="module")
+def mla_backends(sglang_fa3):
+    B.setup()
+    import compile_pass
+
+    for op, facts in CONSUMERS:
+        compile_pass.register_self_guarding_consumer(op, **facts)
+    yield
+    for op, _ in CONSUMERS:
+        compile_pass.unregister_self_guarding_consumer(op)
+
+
+def outcome(name):
+    if name not in _OUTCOMES:
+        torch._dynamo.reset()
+        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=2)
+    return _OUTCOMES[name]
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_equal_to_eager(mla_backends, name):
+    result = outcome(name)
+    assert len(result.errors) == 2 and max(result.errors) <= 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_report(mla_backends, name):
+    result = outcome(name)
+    status, detail = EXPECTED[name]
+    if name in NEEDS_RULE:
+        if result.status == status:
+            pytest.fail(f"{name} is {status} now: remove it from NEEDS_RULE\n{B.shown(result)}")
+        pytest.xfail(NEEDS_RULE[name])
+    B.check_status(result, status, detail)
+
+
+def test_the_replay_path_reads_the_mirror_on_the_host(mla_backends):
+    """The replay metadata keeps `seq_lens_cpu.max().item()` (flashmla_backend.py:352): a host read of the mirror,
+    no device sync, reported as kept with the line."""
+    result = outcome("flashmla_replay_decode")
+    kept = [i for r in result.reports for i in r.kept]
+    assert kept and all(i.location == "flashmla_backend.py:352" for i in kept), B.shown(result)
+
+
+# -- the stand-ins keep the kernels' contracts ------------------------------------------------------------------
+def _mla_cache(blocks=12, page=64, d=48, seed=0):
+    return torch.randn(blocks, page, 1, d, generator=torch.Generator().manual_seed(seed))
+
+
+def _reference(q, cache, table, lens, dv, scale):
+    out = []
+    for b in range(q.shape[0]):
+        L = int(lens[b])
+        keys = cache[table[b, :-(-L // cache.shape[1])].long()].reshape(-1, cache.shape[-1])[:L]
+        s = torch.einsum("qhd,kd->hqk", q[b], keys) * scale
+        pos = torch.arange(q.shape[1])[:, None] + L - q.shape[1]
+        s = s.masked_fill(torch.arange(L)[None, :] > pos, float("-inf"))
+        out.append(torch.einsum("hqk,kd->qhd", s.softmax(-1), keys[:, :dv]))
+    return torch.stack(out)
+
+
+def test_flash_mla_stand_in(mla_backends):
+    import flash_mla
+
+    cache = _mla_cache()
+    q = torch.randn(2, 2, 4, 48, generator=torch.Generator().manual_seed(1))
+    lens = torch.tensor([70, 130], dtype=torch.int32)
+    table = torch.tensor([[3, 5, -1], [7, 1, 9]], dtype=torch.int32)  # row 0 reads 2 blocks: column 2 unread
+    md, splits = flash_mla.get_mla_decoding_metadata(lens, 8, 1)
+    meta = flash_mla.FlashMLASchedMeta(tile_scheduler_metadata=md, num_splits=splits)
+    out, _ = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 32, meta, softmax_scale=0.2, causal=True)
+    torch.testing.assert_close(out, _reference(q, cache, table, lens, 32, 0.2))
+    with pytest.raises(IndexError, match="block table has 2 columns"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table[:, :2], lens, 32, meta, causal=True)
+    with pytest.raises(IndexError, match="outside"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table.masked_fill(table == 9, 12), lens, 32, meta, causal=True)
+    md_stale, splits_stale = flash_mla.get_mla_decoding_metadata(lens - 69, 8, 1)  # planned for other lengths
+    stale = flash_mla.FlashMLASchedMeta(tile_scheduler_metadata=md_stale, num_splits=splits_stale)
+    with pytest.raises(RuntimeError, match="not computed for these cache_seqlens"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 32, stale, causal=True)
+
+
+def test_trtllm_mla_stand_in(mla_backends):
+    import flashinfer_mla as fi
+
+    cache = _mla_cache().transpose(1, 2)  # [pages, 1, page, D], as SGLang's paged_row_view(...).unsqueeze(1)
+    q = torch.randn(2, 1, 4, 48, generator=torch.Generator().manual_seed(2))
+    lens = torch.tensor([5, 128], dtype=torch.int32)
+    table = torch.tensor([[2, -1], [4, 6]], dtype=torch.int32)
+    decode = fi.flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla
+    kw = dict(workspace_buffer=None, qk_nope_head_dim=16, kv_lora_rank=32, qk_rope_head_dim=16, bmm1_scale=0.3)
+    wide = torch.cat([table, torch.full((2, 2), 99, dtype=torch.int32)], 1)  # 128 / 64 = 2: widths 2, 4, ...
+    with pytest.raises(IndexError, match="the block table has 2 columns"):
+        decode(q, cache, block_tables=table, seq_lens=lens + torch.tensor([0, 64], dtype=torch.int32),
+               max_seq_len=256, **kw)
+    out = decode(q, cache, block_tables=wide, seq_lens=lens, max_seq_len=4096, **kw)
+    torch.testing.assert_close(out, decode(q, cache, block_tables=table, seq_lens=lens, max_seq_len=128, **kw))
+    torch.testing.assert_close(out, _reference(q, cache[:, 0], table, lens, 32, 0.3))
+    with pytest.raises(ValueError, match="multiple of 128 / block_size"):
+        decode(q, cache, block_tables=wide[:, :3], seq_lens=lens, max_seq_len=4096, **kw)
+
+
+def test_block_table_writer_stand_in(mla_backends):
+    import sglang_triton_ops as ops
+
+    r2t = torch.arange(3 * 256, dtype=torch.int32).view(3, 256)
+    buf = torch.full((4, 5), -1, dtype=torch.int32)
+    table = buf[:2, :3]  # a slice of a persistent buffer, written through its row stride
+    ops.create_flashmla_kv_indices_triton[(2, 1)](r2t, torch.tensor([2, 0]), torch.tensor([130, 64]), None, table,
+                                                   r2t.stride(0), table.stride(0))
+    assert buf[:2].tolist() == [[8, 9, 10, -1, -1], [0, -1, -1, -1, -1]] and (buf[2:] == -1).all()
+    narrow = torch.full((2, 3), -1, dtype=torch.int32)
+    with pytest.raises(IndexError, match="row stride is 3"):  # 256 tokens need 4 columns
+        ops.create_flashmla_kv_indices_triton[(2, 1)](r2t, torch.tensor([2, 0]), torch.tensor([256, 64]), None,
+                                                       narrow, r2t.stride(0), narrow.stride(0))
