@@ -25,7 +25,9 @@ def insert_call(graph: torch.fx.Graph, before: torch.fx.Node, target, args: tupl
         node = graph.call_function(target, args, kwargs)
     node.meta["stack_trace"] = like.meta.get("stack_trace")
     inputs = [a for a in args if isinstance(a, torch.fx.Node)]
-    mode = fake_mode_of(inputs + [like, before])
+    # the mode from the inputs, else from the nodes around (a call with only ints, before a node whose value is a
+    # tuple, finds it in that node's own inputs)
+    mode = fake_mode_of(inputs + [like, before]) or fake_mode_of([*like.all_input_nodes, *before.all_input_nodes])
     if mode is not None:
         values = tuple(example_value(a) if isinstance(a, torch.fx.Node) else a for a in args)
         with mode:

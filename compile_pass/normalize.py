@@ -30,7 +30,7 @@ import operator
 import torch
 import torch.fx
 
-from ._compat import example_value
+from ._compat import example_value, known_equal
 from .kernels._triton import cdiv as ceil_div  # noqa: F401  (re-exported: the rules use ceil_div)
 
 INT_DTYPES = (torch.int32, torch.int64)
@@ -178,6 +178,8 @@ def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = Fa
     """If `node` keeps every value of its input (an identity or widening int cast, contiguous, clone, and with
     allow_moves a device copy), that input; else None. A narrowing cast (int64 -> int32) keeps values only in
     a known range: allow_narrowing says the caller knows one (lengths within the bound)."""
+    if _is_identity_slice(node):
+        return node.args[0]
     if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
         return None
     source = node.args[0]
@@ -192,6 +194,22 @@ def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = Fa
     if not allow_moves and device_of(node) != device_of(source):
         return None
     return source
+
+
+def _is_identity_slice(node) -> bool:
+    """`x[:n]` / `x[0:n]` / `x[:]` of an int tensor where n is x's first size for every value of its symbols
+    (SGLang's `seq_lens_cpu[:bs]`, `block_kv_indices[:bs]`): the same tensor, a view of all of it."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem
+            and len(node.args) == 2 and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], slice)):
+        return False
+    source, index = node.args
+    if index.start not in (None, 0) or index.step not in (None, 1) or dtype_of(source) not in INT_DTYPES:
+        return False
+    shape = getattr(example_value(source), "shape", None)
+    if not shape:
+        return False
+    stop = example_value(index.stop) if isinstance(index.stop, torch.fx.Node) else index.stop
+    return stop is None or (isinstance(stop, (int, torch.SymInt)) and known_equal(stop, shape[0]))
 
 
 def is_value_cast(node) -> bool:

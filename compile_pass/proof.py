@@ -201,7 +201,7 @@ def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, ove
     unless `may_return_nothing` (an op that writes its out argument and returns nothing)."""
     before = example_value(node)
     values = {n: example_value(n) for n in swap}
-    mode = fake_mode_of([*swap, node])
+    mode = fake_mode_of([*swap, node, *node.all_input_nodes])  # an in-place op's node has no value: its inputs do
     if (before is None and not may_return_nothing) or mode is None or any(v is None for v in values.values()):
         raise Unsafe("output_changes", f"{who}'s outputs could not be checked on fake tensors")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), example_value)

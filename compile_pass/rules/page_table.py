@@ -169,6 +169,12 @@ def _true_for_any_width(compare: torch.fx.Node, sym: torch.fx.Node, most: int) -
             or (op is operator.le and k >= most) or (op is operator.lt and k > most))
 
 
+def _is_view_of(view: torch.fx.Node, table: torch.fx.Node) -> bool:
+    """`table[:B]` with B its row count: the same values, dtype and shape (normalize's identity slice)."""
+    return value_kept_input(view) is table and dtype_of(view) == dtype_of(table) \
+        and view.op == "call_function" and view.target is operator.getitem
+
+
 def _consumer_of(node: torch.fx.Node):
     return lookup_consumer(node) if node.op == "call_function" else None
 
@@ -425,7 +431,10 @@ class _Walk:
         if self.page_size_option is not None and step != self.page_size_option:
             raise Unsafe("page_size", f"the gather's page size {step} differs from "
                                       f"options['page_size']={self.page_size_option}")
-        if escapes and any(via is not node for _, _, via, call in consumers if call is None):
+        # What leaves is the finished table; a consumer must get that very table, or an identity view of it
+        # (SGLang's `block_kv_indices[:bs]`): the rewrite gives both the static table.
+        if escapes and any(via is not node and not (_is_view_of(via, node)) for _, _, via, call in consumers
+                           if call is None):
             raise Unsafe("table_use", "the page table leaves the graph in another form than its consumers get it")
         table_pages = width if page_level is not None else ceil_div(width, step)
         max_pages = max(1, min(ceil_div(self.bound + offset, step), table_pages))

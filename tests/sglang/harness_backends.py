@@ -326,6 +326,9 @@ class Path:
     ragged: bool = False  # draft extend: per-row extend lengths in [1, draft_tokens] (else all draft_tokens)
     options: dict = dataclasses.field(default_factory=dict)
     inductor: bool = False  # True: compile_pass.compile (Inductor); False: the pass, then the graph as captured
+    # torch.compile's `dynamic`: None (automatic dynamic: a second batch size compiles a dynamic graph), False
+    # (one static graph per batch size, as a CUDA-graph runner captures one graph per batch size)
+    dynamic: bool | None = None
     seed: int = 0
 
     @property
@@ -528,12 +531,12 @@ def compile_step(path: Path, fn):
     import compile_pass
 
     if path.inductor:
-        step = compile_pass.compile(fn, max_context_len=MAX_CONTEXT, **path.options)
+        step = compile_pass.compile(fn, max_context_len=MAX_CONTEXT, dynamic=path.dynamic, **path.options)
         return step, lambda: list(compile_pass.reports(step))
     from compile_pass import _compat
 
     backend = PassOnly(MAX_CONTEXT, **path.options)
-    compiled = torch.compile(fn, backend=backend)
+    compiled = torch.compile(fn, backend=backend, dynamic=path.dynamic)
 
     def run(*args):
         with _compat.capture_scalar_outputs():

@@ -15,7 +15,9 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 |---|---|---|---|---|
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
 | flashmla_decode_mirror (verify, draft extend: the same line) | graph_break | `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151, the persistent block table grown to the running max) | a host read of the mirror, a graph break per step and the metadata builder outside the graph | do not publish seq_lens_cpu for FlashMLA (its default); or a branch-free builder (the static width) |
-| flashmla_replay_{decode,verify,draft_extend} | kept (table_use) | the max-sized slice `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (flashmla_backend.py:427) reaches `block_kv_indices[:bs]` (flashmla_backend.py:498 / :587) before the kernel: a row slice the page-table rule does not know | a host read of the mirror before every replay | pass rule gaps (see TRITON_MLA.md): `t[:B]` with B = t's rows as an identity, the stored table reaching consumers through it under static_escapes, the max over `seq_lens_cpu[:bs]` (flashmla_backend.py:340) related to `seq_lens` |
+| flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
+| flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
+| flashmla_replay_{verify,draft_extend}, static or not | kept (`lengths_differ`) | the max is over `seq_lens_cpu[:bs] + 4` (:343) and the kernel's lengths are `seq_lens.to(int32)`: not related by the rule | a host read of the mirror per replay | (a rule gap) |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
 | trtllm_mla_decode_mirror (verify, draft extend: the same line) | graph_break | `if blocks % constraint_lcm != 0` (trtllm_mla_backend.py:355, padding the page count to lcm(128 / page, 4096 / page)) | a host read, a graph break per step | do not publish seq_lens_cpu (its default) |
 
@@ -41,11 +43,11 @@ SE = {"static_escapes": True}
 P = B.Path
 
 
-def _mla(backend, mode, mirror=False, replay=False, inductor=False):
+def _mla(backend, mode, mirror=False, replay=False, inductor=False, dynamic=None):
     name = f"{backend}_{'replay_' if replay else ''}{mode if mode != 'target_verify' else 'verify'}" \
-           f"{'_mirror' if mirror and not replay else ''}"
+           f"{'_mirror' if mirror and not replay else ''}{'_static' if dynamic is False else ''}"
     return P(name, backend, mode, draft_tokens=0 if mode == "decode" else 4, mirror=mirror or replay,
-             replay=replay, options=SE, inductor=inductor)
+             replay=replay, options=SE, inductor=inductor, dynamic=dynamic)
 
 
 MODES = ("decode", "target_verify", "draft_extend")
@@ -53,6 +55,8 @@ PATHS = {p.name: p for p in [
     *[_mla("flashmla", m) for m in MODES],
     _mla("flashmla", "decode", mirror=True),  # verify / draft extend reach the same line (flashmla_backend.py:151)
     *[_mla("flashmla", m, replay=True, inductor=m == "decode") for m in MODES],
+    # one static graph per batch size, as SGLang's CUDA-graph runner replays one captured graph per batch size
+    *[_mla("flashmla", m, replay=True, inductor=m == "decode", dynamic=False) for m in MODES],
     *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
     _mla("trtllm_mla", "decode", mirror=True),  # verify / draft extend: the same line (trtllm_mla_backend.py:355)
 ]}
@@ -66,9 +70,16 @@ EXPECTED = {
     "flashmla_verify": ("nothing", None),
     "flashmla_draft_extend": ("nothing", None),
     "flashmla_decode_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
-    "flashmla_replay_decode": ("kept", "table_use"),
-    "flashmla_replay_verify": ("kept", "table_use"),
-    "flashmla_replay_draft_extend": ("kept", "table_use"),
+    # automatic dynamic: the first batch size's static graph is rewritten, the dynamic graph after it is kept (the
+    # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
+    "flashmla_replay_decode": ("kept", "lengths_differ"),
+    "flashmla_replay_verify": ("kept", "lengths_differ"),
+    "flashmla_replay_draft_extend": ("kept", "lengths_differ"),
+    # one static graph per batch size: decode rewritten (through Inductor); verify and draft extend keep the max
+    # (the max is over seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32): not related)
+    "flashmla_replay_decode_static": ("rewritten", None),
+    "flashmla_replay_verify_static": ("kept", "lengths_differ"),
+    "flashmla_replay_draft_extend_static": ("kept", "lengths_differ"),
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
     "trtllm_mla_draft_extend": ("nothing", None),

@@ -29,7 +29,7 @@ harness_backends.py).
 | triton_verify_op_table | nothing | no host read (max_extend_len is num_tokens_per_req) | one graph | nothing more |
 | triton_draft_extend_op_table (host lists) | nothing | host lists only (`max(extend_seq_lens_cpu)`, `sum(extend_prefix_lens_cpu)`): no device sync | recompiles as the list values change (they are Python ints), then dynamic | publish the host lists (SGLang's scheduler does) |
 | triton_draft_extend_no_lists_op_table | rewritten | `max_extend_len = int(extend_seq_lens.max())` (triton_backend.py:1126) -> length_bounds['extend_seq_lens'] = 4 (max_len_extend -> 4; qo_indptr[0] == 0 and every length in [0, 4] asserted on the device) | nothing: no host sync, one graph per shape, Inductor's post-grad graph holds no host read | register_indptr_bound_consumer(sglang_user::extend_attention, indptr="qo_indptr", upper_bounds=("max_len_extend",)); options length_bounds={"extend_seq_lens": 4} (without it the bound is max_context_len), static_escapes=True (the max is stored on forward_metadata) |
-| triton_draft_extend_no_lists_inplace_op_table | kept (output_changes; NEEDS_RULE: rewritten) | the same, with the extend op writing o_extend in place and returning nothing (SGLang's convention): the rule cannot check its outputs on fake tensors | one device->host sync per step | register the op in the functional form (returns the output), as above |
+| triton_draft_extend_no_lists_inplace_op_table | rewritten | the same, with the extend op writing o_extend in place and returning nothing (SGLang's convention; its outputs are checked on fake tensors from its inputs' fake mode) | nothing | the same registration, on the in-place op |
 
 Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style, fast) for all
 but `triton_draft_extend_no_lists_op_table`, which goes through compile_pass.compile (Inductor).
@@ -97,15 +97,9 @@ EXPECTED = {
     "triton_draft_extend_no_lists_op_table": ("rewritten", "extend_seq_lens"),
     "triton_draft_extend_no_lists_inplace_op_table": ("rewritten", "extend_seq_lens"),
 }
-NEEDS_RULE = {
-    # proof.check_outputs_keep finds its fake mode from the consumer's output and the swapped nodes; an op that
-    # writes o_extend in place and returns nothing has neither (indptr_bound passes swap={}), so it is kept
-    "triton_draft_extend_no_lists_inplace_op_table": (
-        "indptr_bound: a consumer that returns nothing (writes its output in place, as SGLang's "
-        "extend_attention_fwd does) cannot be checked on fake tensors today: kept (output_changes)"),
-}
+NEEDS_RULE: dict = {}
 # what the paths in NEEDS_RULE report until then (asserted, so that a change shows)
-UNTIL_THEN = {"triton_draft_extend_no_lists_inplace_op_table": ("kept", "output_changes")}
+UNTIL_THEN: dict = {}
 
 _OUTCOMES: dict = {}
 
