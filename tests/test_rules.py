@@ -124,3 +124,70 @@ def test_every_kept_reason_code_is_declared():
         Unsafe("not_a_code", "x")
     assert {"written", "output_changes", "wide_table", "dynamic_width", "unbounded_operand",
             "metadata_use", "graph_break"} <= set(REASONS)
+
+
+# -- identity slices: `t[:B]` with B the rows of t is t itself (SGLang's seq_lens_cpu[:bs], block_kv_indices[:bs])
+PS = 4
+
+
+def _block_table_args(lengths, rows=None):
+    gen = torch.Generator().manual_seed(5)
+    block_table = torch.randperm(8 * 16, generator=gen).view(8, 16).to(torch.int32)
+    q, k, v = make_qkv(len(lengths), page_size=PS, num_pages=128)
+    return q, k, v, block_table, torch.tensor(lengths)
+
+
+def test_identity_slices_of_the_lengths_and_of_the_table_are_seen_through():
+    def step(q, k, v, block_table, lens):
+        bs = lens.shape[0]
+        m = lens[:bs].max().item()  # the whole tensor: bs is its size
+        n = (m + PS - 1) // PS
+        bt = block_table[:bs, :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt[:bs], lens.to(torch.int32))
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 0], [64, 2, 7]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+
+
+def test_a_shorter_prefix_of_the_lengths_keeps_the_max():
+    """The max over lens[:2] of 3 rows does not bound row 2, which the consumer reads: kept, never rewritten."""
+    def step(q, k, v, block_table, lens):
+        m = lens[:2].max().item()
+        n = (m + PS - 1) // PS
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt, lens.to(torch.int32))  # reads row 2 by its length
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 60], [64, 2, 7]])
+    assert [i.reason_code for i in backend.report.kept] == ["lengths_differ"], str(backend.report)
+
+
+def test_a_shorter_row_slice_of_the_table_is_not_an_identity():
+    """`bt[:2]` of a 3-row table is two rows: it is not the table, so the table reaches something that is not a
+    consumer and the max is kept."""
+    def step(q, k, v, block_table, lens):
+        m = lens.max().item()
+        n = (m + PS - 1) // PS
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q[:2], k, v, bt[:2], lens[:2].to(torch.int32))
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 0]])
+    assert [i.reason_code for i in backend.report.kept] == ["table_use"], str(backend.report)
+
+
+def test_identity_slice_recognises_only_whole_prefixes():
+    from compile_pass.normalize import _is_identity_slice
+
+    seen = {}
+
+    def backend(gm, example_inputs):
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target.__name__ == "getitem":
+                seen[str(n.args[1])] = _is_identity_slice(n)
+        return gm.forward
+
+    def f(x):
+        return x[:3] + 1, x[0:3] * 2, x[:2], x[1:3], x[:3:2], x[:]
+
+    torch.compile(f, backend=backend, fullgraph=True)(torch.arange(3))
+    assert seen == {"slice(None, 3, None)": True, "slice(0, 3, None)": True, "slice(None, 2, None)": False,
+                    "slice(1, 3, None)": False, "slice(None, 3, 2)": False, "slice(None, None, None)": True}, seen
