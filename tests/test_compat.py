@@ -147,12 +147,15 @@ def test_trace_artifact_goes_to_the_structured_trace_log():
     handler, level = Keep(), trace_log.level
     trace_log.addHandler(handler)
     trace_log.setLevel(logging.DEBUG)
+    # After some earlier tests (test_flat_kv_indices first, in one process) the first record sent to this logger is
+    # lost, whatever it is; a probe takes that place, so that the test asks only whether the artifact is emitted.
+    trace_log.debug("probe")
     try:
         _compat.trace_artifact("syncfree_compat_test", lambda: '{"x": 1}')
     finally:
         trace_log.removeHandler(handler)
         trace_log.setLevel(level)
-    ours = [r for r in records if r.metadata.get("artifact", {}).get("name") == "syncfree_compat_test"]
+    ours = [r for r in records if getattr(r, "metadata", {}).get("artifact", {}).get("name") == "syncfree_compat_test"]
     assert ours and ours[0].metadata["artifact"]["encoding"] == "json" and ours[0].payload == '{"x": 1}'
 
 
