@@ -29,7 +29,7 @@ whose second axis is the width's block count (flashmla_backend.py:178, trtllm_ml
 needs a non-constexpr stride and a (rows, 1, 1) grid, and it keeps a table that escapes.
 
 Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style) for all but
-flashmla_replay_decode and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
+flashmla_replay_decode_static and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ MODES = ("decode", "target_verify", "draft_extend")
 PATHS = {p.name: p for p in [
     *[_mla("flashmla", m) for m in MODES],
     _mla("flashmla", "decode", mirror=True),  # verify / draft extend reach the same line (flashmla_backend.py:151)
-    *[_mla("flashmla", m, replay=True, inductor=m == "decode") for m in MODES],
+    *[_mla("flashmla", m, replay=True) for m in MODES],
     # one static graph per batch size, as SGLang's CUDA-graph runner replays one captured graph per batch size
     *[_mla("flashmla", m, replay=True, inductor=m == "decode", dynamic=False) for m in MODES],
     *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
@@ -108,17 +108,23 @@ def mla_backends(sglang_fa3):
         compile_pass.unregister_self_guarding_consumer(op)
 
 
+def vectors_for(name) -> int:
+    """Two length vectors (two batch sizes: a recompile, then a dynamic graph) where the pass rewrites or keeps a
+    max; one where there is nothing to rewrite or Dynamo breaks the graph first (CI time)."""
+    return 2 if EXPECTED[name][0] in ("rewritten", "kept") else 1
+
+
 def outcome(name):
     if name not in _OUTCOMES:
         torch._dynamo.reset()
-        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=2)
+        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=vectors_for(name))
     return _OUTCOMES[name]
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))
 def test_equal_to_eager(mla_backends, name):
     result = outcome(name)
-    assert len(result.errors) == 2 and max(result.errors) <= 1e-5
+    assert len(result.errors) == vectors_for(name) and max(result.errors) <= 1e-5
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))

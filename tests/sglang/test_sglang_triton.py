@@ -117,17 +117,23 @@ def triton_backend(sglang_fa3):
         compile_pass.unregister_indptr_bound_consumer(op)
 
 
+def vectors_for(name) -> int:
+    """Two length vectors (two batch sizes: a recompile, then a dynamic graph) where the pass rewrites or keeps a
+    max; one where there is nothing to rewrite or Dynamo breaks the graph first (CI time)."""
+    return 2 if EXPECTED[name][0] in ("rewritten", "kept") else 1
+
+
 def outcome(name):
     if name not in _OUTCOMES:
         torch._dynamo.reset()
-        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=2)
+        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=vectors_for(name))
     return _OUTCOMES[name]
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))
 def test_equal_to_eager(triton_backend, name):
     result = outcome(name)  # run_path asserts equality per length vector
-    assert len(result.errors) == 2 and max(result.errors) <= 1e-5
+    assert len(result.errors) == vectors_for(name) and max(result.errors) <= 1e-5
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))
