@@ -50,8 +50,11 @@ $(VENV)/.sglang-installed: $(VENV)/.installed $(SGLANG_REQUIREMENTS)
 
 sglang-deps: $(VENV)/.sglang-installed
 
+# Two workers (CI has 2 cores), one file per worker at a time: a file's tests share module state (compiled paths,
+# registered facts), and most of the time is single-threaded compiling.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed $(VENV)/.sglang-installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) tests
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/syncfree-inspect --example decode --out syncfree-inspect-out
