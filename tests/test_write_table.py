@@ -177,7 +177,7 @@ def test_call_method_writes_self(method):
     *(getattr(torch.Tensor, d) for d in pg.DUNDERS),
     *(getattr(operator, d.strip("_")) for d in pg.DUNDERS),
     torch.Tensor.add_, torch.relu_, torch.fill_, torch.index_put_,
-], ids=str)
+], ids=lambda t: f"{getattr(t, '__module__', None) or type(t).__name__}.{getattr(t, '__qualname__', None) or t.__name__}")
 def test_call_function_inplace_writes_its_first_argument(target):
     graph, (x, y) = _graph_with()
     node = graph.call_function(target, (x, y) if target not in (torch.relu_,) else (x,))
