@@ -610,3 +610,21 @@ def check_status(result, status: str, detail) -> None:
             assert any(detail in i.reason for r in result.reports for i in r.rewritten), text
     else:
         assert not result.graph_breaks and all(not r.kept and not r.rewritten for r in result.reports), text
+
+
+class Outcomes:
+    """Each path run once per test session (torch._dynamo reset first), shared by the tests that look at it: two
+    length vectors (two batch sizes: a recompile, then a dynamic graph) where the pass rewrites or keeps a max,
+    one where there is nothing to rewrite or Dynamo breaks the graph first (CI time)."""
+
+    def __init__(self, paths: dict, expected: dict):
+        self.paths, self.expected, self.done = paths, expected, {}
+
+    def vectors(self, name) -> int:
+        return 2 if self.expected[name][0] in ("rewritten", "kept") else 1
+
+    def __call__(self, name):
+        if name not in self.done:
+            torch._dynamo.reset()
+            self.done[name] = run_path(self.paths[name], vectors=self.vectors(name))
+        return self.done[name]

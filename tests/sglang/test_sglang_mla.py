@@ -87,7 +87,6 @@ EXPECTED = {
 }
 NEEDS_RULE: dict = {}
 
-_OUTCOMES: dict = {}
 CONSUMERS = (
     ("flash_mla_standin::fwd_kvcache_mla",
      dict(page_table="block_table", lengths="cache_seqlens", page_size_of=("k_cache", 1))),
@@ -108,17 +107,8 @@ def mla_backends(sglang_fa3):
         compile_pass.unregister_self_guarding_consumer(op)
 
 
-def vectors_for(name) -> int:
-    """Two length vectors (two batch sizes: a recompile, then a dynamic graph) where the pass rewrites or keeps a
-    max; one where there is nothing to rewrite or Dynamo breaks the graph first (CI time)."""
-    return 2 if EXPECTED[name][0] in ("rewritten", "kept") else 1
-
-
-def outcome(name):
-    if name not in _OUTCOMES:
-        torch._dynamo.reset()
-        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=vectors_for(name))
-    return _OUTCOMES[name]
+outcome = B.Outcomes(PATHS, EXPECTED)
+vectors_for = outcome.vectors
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))

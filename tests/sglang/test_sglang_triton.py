@@ -101,7 +101,6 @@ NEEDS_RULE: dict = {}
 # what the paths in NEEDS_RULE report until then (asserted, so that a change shows)
 UNTIL_THEN: dict = {}
 
-_OUTCOMES: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +116,8 @@ def triton_backend(sglang_fa3):
         compile_pass.unregister_indptr_bound_consumer(op)
 
 
-def vectors_for(name) -> int:
-    """Two length vectors (two batch sizes: a recompile, then a dynamic graph) where the pass rewrites or keeps a
-    max; one where there is nothing to rewrite or Dynamo breaks the graph first (CI time)."""
-    return 2 if EXPECTED[name][0] in ("rewritten", "kept") else 1
-
-
-def outcome(name):
-    if name not in _OUTCOMES:
-        torch._dynamo.reset()
-        _OUTCOMES[name] = B.run_path(PATHS[name], vectors=vectors_for(name))
-    return _OUTCOMES[name]
+outcome = B.Outcomes(PATHS, EXPECTED)
+vectors_for = outcome.vectors
 
 
 @pytest.mark.parametrize("name", sorted(PATHS))
