@@ -178,7 +178,7 @@ def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = Fa
     """If `node` keeps every value of its input (an identity or widening int cast, contiguous, clone, and with
     allow_moves a device copy), that input; else None. A narrowing cast (int64 -> int32) keeps values only in
     a known range: allow_narrowing says the caller knows one (lengths within the bound)."""
-    if _is_identity_slice(node):
+    if is_identity_slice(node):
         return node.args[0]
     if not isinstance(node, torch.fx.Node) or node.op != "call_method" or node.target not in _KEEP_VALUE_METHODS:
         return None
@@ -196,7 +196,7 @@ def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = Fa
     return source
 
 
-def _is_identity_slice(node) -> bool:
+def is_identity_slice(node) -> bool:
     """`x[:n]` / `x[0:n]` / `x[:]` of an int tensor where n is x's first size for every value of its symbols
     (SGLang's `seq_lens_cpu[:bs]`, `block_kv_indices[:bs]`): the same tensor, a view of all of it."""
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem

@@ -14,7 +14,7 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of
-from .consumers import bind_arguments
+from .consumers import bind_arguments, resolved_overload
 from .fx_util import flat_tensors, node_location
 from .mutations import WriteLog
 from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, strip_kept_values
@@ -192,11 +192,17 @@ def _shapes(tensors) -> str:
     return ", ".join(f"{[str(s) for s in t.shape]} {str(t.dtype).replace('torch.', '')}" for t in tensors)
 
 
+def _argument_names(node: torch.fx.Node) -> list[str]:
+    """The schema's argument names of the overload a call runs (empty when it has none)."""
+    overload = resolved_overload(node)
+    return [a.name for a in overload._schema.arguments] if overload is not None else []
+
+
 def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, overrides: dict | None = None,
                        may_return_nothing: bool = False) -> None:
     """A rewrite never changes what a consumer returns: `node`'s op, run on fake tensors with each node of `swap`
-    replaced by a fresh tensor of the given shape (its dtype and device kept) and the keyword arguments in
-    `overrides` set where the call passes them by keyword, must return the traced shapes and dtypes. Unsafe
+    replaced by a fresh tensor of the given shape (its dtype and device kept) and the arguments named in
+    `overrides` set to their values (by keyword or by position), must return the traced shapes and dtypes. Unsafe
     ("output_changes") otherwise, or when it cannot be run. A node without a traced value counts as not checkable,
     unless `may_return_nothing` (an op that writes its out argument and returns nothing)."""
     before = example_value(node)
@@ -211,7 +217,10 @@ def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, ove
             args = tuple(fresh.get(a, v) if isinstance(a, torch.fx.Node) else v for a, v in zip(node.args, args))
             kwargs = {k: (fresh.get(node.kwargs[k], v) if isinstance(node.kwargs[k], torch.fx.Node) else v)
                       for k, v in kwargs.items()}
-            kwargs.update({k: v for k, v in (overrides or {}).items() if k in kwargs})
+            if overrides:  # by name, wherever the call passes the argument (a positional one too)
+                names = _argument_names(node)
+                args = tuple(overrides.get(names[i], a) if i < len(names) else a for i, a in enumerate(args))
+                kwargs.update({k: v for k, v in overrides.items() if k in kwargs})
             after = node.target(*args, **kwargs)
     except Exception as e:  # the op rejects the static value: it is not what its facts say
         raise Unsafe("output_changes", f"{who} rejects {what} on fake tensors ({type(e).__name__}: {e})") from None

@@ -316,3 +316,34 @@ def test_through_inductor_equal_to_eager_over_changing_lengths():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     merged = compile_pass.SyncReport.merge(list(compile_pass.reports(step)))
     assert not merged.kept and merged.rewritten, merged
+
+
+@torch.library.custom_op("syncfree_indptr_test::shaped_by_bound", mutates_args=())
+def shaped_by_bound(q: torch.Tensor, qo_indptr: torch.Tensor, max_extend_len: int) -> torch.Tensor:
+    return q.new_zeros((max_extend_len,))  # an output shaped by the upper bound: the bound must stay exact
+
+
+@shaped_by_bound.register_fake
+def _(q, qo_indptr, max_extend_len):
+    return q.new_empty((max_extend_len,))
+
+
+def test_an_output_shaped_by_the_bound_keeps_the_max_however_the_bound_is_passed():
+    """The fake-tensor check of the consumer's outputs sets the bound by name: passed by position too (it was set
+    only when passed by keyword, and a positional bound went unchecked)."""
+    compile_pass.register_indptr_bound_consumer("syncfree_indptr_test::shaped_by_bound", indptr="qo_indptr",
+                                                upper_bounds=("max_extend_len",))
+
+    def positional(q, k, v, pages, lens, ext):
+        qo = F.pad(torch.cumsum(ext, 0), (1, 0))
+        return torch.ops.syncfree_indptr_test.shaped_by_bound(q, qo, int(ext.max()))
+
+    def keyword(q, k, v, pages, lens, ext):
+        qo = F.pad(torch.cumsum(ext, 0), (1, 0))
+        return torch.ops.syncfree_indptr_test.shaped_by_bound(q, qo, max_extend_len=int(ext.max()))
+
+    try:
+        assert kept_code(positional) == ["output_changes"]
+        assert kept_code(keyword) == ["output_changes"]
+    finally:
+        compile_pass.unregister_indptr_bound_consumer("syncfree_indptr_test::shaped_by_bound")

@@ -175,14 +175,14 @@ def test_a_shorter_row_slice_of_the_table_is_not_an_identity():
 
 
 def test_identity_slice_recognises_only_whole_prefixes():
-    from compile_pass.normalize import _is_identity_slice
+    from compile_pass.normalize import is_identity_slice
 
     seen = {}
 
     def backend(gm, example_inputs):
         for n in gm.graph.nodes:
             if n.op == "call_function" and n.target.__name__ == "getitem":
-                seen[str(n.args[1])] = _is_identity_slice(n)
+                seen[str(n.args[1])] = is_identity_slice(n)
         return gm.forward
 
     def f(x):

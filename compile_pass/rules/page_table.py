@@ -47,7 +47,7 @@ from ..fx_util import (erase_if_dead, insert_call, insert_device_assert, insert_
 from ..mutations import WriteLog, region_body
 from ..normalize import (ASSERTS, COMPARES, DEVICE_COPY_METHODS, INT_DTYPES, SYM_SIZE, arange_step, as_gather,
                          asserted_bound, ceil_div, column_step, constant_add, device_of, dtype_of, floor_divisor,
-                         is_narrowing, is_value_cast, min_clamp, page_count, scalar_add, strip_kept_values,
+                         is_identity_slice, is_narrowing, is_value_cast, min_clamp, page_count, scalar_add, strip_kept_values,
                          value_kept_input)
 from ..proof import (LengthsRelation, ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, check_page_size,
                      describe_use, why_not)
@@ -167,12 +167,6 @@ def _true_for_any_width(compare: torch.fx.Node, sym: torch.fx.Node, most: int) -
         return False
     return ((op is operator.ge and k <= 0) or (op is operator.gt and k < 0)
             or (op is operator.le and k >= most) or (op is operator.lt and k > most))
-
-
-def _is_view_of(view: torch.fx.Node, table: torch.fx.Node) -> bool:
-    """`table[:B]` with B its row count: the same values, dtype and shape (normalize's identity slice)."""
-    return value_kept_input(view) is table and dtype_of(view) == dtype_of(table) \
-        and view.op == "call_function" and view.target is operator.getitem
 
 
 def _consumer_of(node: torch.fx.Node):
@@ -433,8 +427,8 @@ class _Walk:
                                       f"options['page_size']={self.page_size_option}")
         # What leaves is the finished table; a consumer must get that very table, or an identity view of it
         # (SGLang's `block_kv_indices[:bs]`): the rewrite gives both the static table.
-        if escapes and any(via is not node and not (_is_view_of(via, node)) for _, _, via, call in consumers
-                           if call is None):
+        if escapes and any(via is not node and not (is_identity_slice(via) and via.args[0] is node)
+                           for _, _, via, call in consumers if call is None):
             raise Unsafe("table_use", "the page table leaves the graph in another form than its consumers get it")
         table_pages = width if page_level is not None else ceil_div(width, step)
         max_pages = max(1, min(ceil_div(self.bound + offset, step), table_pages))
