@@ -81,9 +81,11 @@ def schema_argument_names(name: str) -> list[str]:
     return [a.name for a in _resolve(overload_name(name))._schema.arguments]
 
 
-def register_facts(rule: str, op: Any, facts) -> None:
+def register_facts(rule: str, op: Any, facts):
+    """`rule`'s facts for the overload `op` (registering again replaces them); returns the facts."""
     with _LOCK:
         _REGISTRY.setdefault(rule, {})[overload_name(op)] = facts
+    return facts
 
 
 def unregister_facts(rule: str, op: Any) -> None:
@@ -145,6 +147,13 @@ def registered_consumers() -> dict[str, SelfGuardingConsumer]:
     return facts_of(PAGE_TABLE_RULE)
 
 
+def load_facts(table: dict, register) -> None:
+    """Register a table of built-in facts (kept next to their ops in kernels/: op name -> the keyword arguments
+    of `register`, the rule's own registration function, which checks them against the op's schema)."""
+    for name, facts in table.items():
+        register(name, **facts)
+
+
 def registry_fingerprint() -> str:
     """Part of the post-grad pass's uuid: every rule's facts when the graph was compiled."""
     with _LOCK:
@@ -204,8 +213,7 @@ def bind_arguments(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
 def register_builtin_consumers() -> None:
     from . import kernels
 
-    for name, facts in kernels.SELF_GUARDING.items():
-        register_self_guarding_consumer(name, **facts)
+    load_facts(kernels.SELF_GUARDING, register_self_guarding_consumer)
     for name, facts in kernels.EXTERNAL_SELF_GUARDING.items():
         with _LOCK:
             _PENDING.setdefault(overload_name(name), facts)

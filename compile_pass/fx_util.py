@@ -6,6 +6,8 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of
+from .consumers import resolved_overload
+from .mutations import region_body
 from .report import node_location, user_location  # noqa: F401  (re-exported: one home for locations)
 
 
@@ -58,6 +60,15 @@ def insert_device_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, l
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
 
 
+def insert_lower_assert(graph, before: torch.fx.Node, values: torch.fx.Node, low: int, message: str) -> None:
+    """Device-side: max(values) >= low (a user's or Dynamo's `m >= k` on a max, kept exactly). As amax, not
+    any(values >= low): Inductor (torch 2.11, CUDA) stores a bool reduction as int8 and then fails to compile the
+    device assert on it ('tt.assert' wants i1; seen on the H200)."""
+    most = insert_call(graph, before, torch.ops.aten.amax.default, (values,), before)
+    holds = insert_call(graph, before, torch.ops.aten.ge.Scalar, (most, low), before)
+    insert_call(graph, before, torch.ops.aten._assert_async.msg, (holds, message), before)
+
+
 def insert_value_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, wide: torch.fx.Node,
                         message: str) -> None:
     """Device-side: every value of `lengths` <= max(wide). An async assertion: no host read."""
@@ -65,6 +76,76 @@ def insert_value_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, wi
     within = insert_call(graph, before, torch.ops.aten.le.Tensor, (lengths, most), before)
     every = insert_call(graph, before, torch.ops.aten.all.default, (within,), before)
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)
+
+
+def argument_names(node: torch.fx.Node) -> list[str]:
+    """The schema's argument names of the overload a call runs (empty when it has none)."""
+    overload = resolved_overload(node)
+    return [a.name for a in overload._schema.arguments] if overload is not None else []
+
+
+def set_argument(node: torch.fx.Node, name: str, value) -> None:
+    """Give the op call `node` the argument `name` (by its schema): where the call passes it, by position or by
+    keyword; as a keyword when it does not pass it."""
+    if name in node.kwargs:
+        node.update_kwarg(name, value)
+        return
+    names = argument_names(node)
+    index = names.index(name) if name in names else len(node.args)
+    if index < len(node.args):
+        node.update_arg(index, value)
+    else:
+        node.update_kwarg(name, value)
+
+
+def replace_uses(node: torch.fx.Node, old: torch.fx.Node, new) -> None:
+    """Every occurrence of `old` in `node`'s arguments, however deeply nested (a Triton launch's kwargs), becomes
+    `new` (a node or a constant)."""
+    swap = lambda a: new if a is old else a  # noqa: E731
+    node.args = torch.fx.node.map_aggregate(node.args, swap)
+    node.kwargs = torch.fx.node.map_aggregate(node.kwargs, swap)
+
+
+def replace_in_output(graph: torch.fx.Graph, replace: dict) -> None:
+    """What the graph returns: each node of `replace` becomes its value (a node or a constant)."""
+    output = graph.output_node()
+    output.args = torch.fx.node.map_aggregate(output.args, lambda a: replace.get(a, a) if isinstance(
+        a, torch.fx.Node) else a)
+
+
+def drop_constant_region_inputs(graph: torch.fx.Graph) -> None:
+    """A region's input that its body never reads and that every call of that body now passes as a constant
+    (the static width, where Dynamo passed the dynamic one) leaves the body and the calls: Inductor wants every
+    operand of invoke_subgraph to be a node. An input some call still passes as a node stays (another plan may
+    still rewrite it; unused, it costs nothing)."""
+    calls: dict[int, tuple] = {}
+    for node in graph.nodes:
+        region = region_body(node)
+        if region is not None:
+            calls.setdefault(id(region[0]), (region[0], []))[1].append(node)
+    for body, users in calls.values():
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        drop = [i for i, ph in enumerate(placeholders)
+                if not ph.users and all(len(c.args) == 2 + len(placeholders) for c in users)
+                and all(not isinstance(c.args[2 + i], torch.fx.Node) for c in users)]
+        if not drop:
+            continue
+        for c in users:
+            c.args = tuple(a for j, a in enumerate(c.args) if j - 2 not in drop)
+        for i in reversed(drop):
+            body.graph.erase_node(placeholders[i])
+        body.recompile()
+
+
+def size_node(graph: torch.fx.Graph, before: torch.fx.Node, tensor: torch.fx.Node, dim: int):
+    """`tensor.size(dim)` as a graph value: an int when static, else a `sym_size` node (a SymInt)."""
+    size = example_value(tensor).shape[dim]
+    if isinstance(size, int):
+        return size
+    with graph.inserting_before(before):
+        node = graph.call_function(torch.ops.aten.sym_size.int, (tensor, dim))
+    node.meta["example_value"] = size
+    return node
 
 
 def flat_tensors(value) -> list:

@@ -1,23 +1,35 @@
 """The canonical vocabulary: the many ways Dynamo spells one thing, each mapped to one small form.
 
-Rules (find_sync_points, rules/*) match on these forms only, never on raw spellings. Each spelling names the torch
-versions known to emit it where that matters (Dynamo moves them between releases):
+Rules (find_sync_points, rules/*) match on these forms only, never on raw spellings. Filed by concept, not by the
+rule that reads them; a spelling only one rule uses lives in that rule. Each spelling names the torch versions
+known to emit it where that matters (Dynamo moves them between releases):
 
+  reductions and host reads
     full max      t.max() | t.amax() | torch.max(t) | torch.amax(t) | t.max(dim=0).values (1-D) | numpy a.max()
+    full sum      t.sum() | torch.sum(t) | t.sum(0) (1-D)                             (REDUCTIONS["sum"])
     host read     t.item() | int(t) | numpy int(a)                                   (wrapped_item)
     host copy     t.cpu() | t.to("cpu") | t.numpy()
+  values and casts
     value kept    widening or identity casts: t.long() | t.to(int64) | t.type(..) | .contiguous() | .clone()
-                  (+ device copies); narrowing ones (int64 -> int32) only where a range is known (lengths)
+                  (+ device copies); narrowing ones (int64 -> int32) only where a range is known (lengths);
+                  x[:n] with n the rows of x (identity slice)
     x + k         x + k | k + x | x.add(k) | torch.add(x, k) | x - k | x.sub(k)           (int tensor, int k)
+  host-int arithmetic (the max as a host int m)
+    m + c         m + c | c + m | m - c | torch.sym_sum([m, c, ..]) (Dynamo's `m + 63` on 2.13+) -> +c / -c
+    page count    (m + c + ps - 1) // ps                                              -> ps, c
+    min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
+    compare       m op k | k op m (op in < <= > >= == !=; k an int)                   -> (op, k), m on the left
+    asserted      a compare whose only users are asserts (torch._check, _assert_scalar) -> ("upper"|"lower", k)
+    width check   such a compare that holds for every width in [0, most]              -> Dynamo's bookkeeping
+    row stride    torch.sym_max(1, n) | max(1, n) (Dynamo's `t.stride(0)` of a [B, n] tensor) -> n
+  views and gathers
     gather        X[rows, :m:s] | X[rows, 0:m:s] | X[rows][:, :m:s] | X[:B, :m]       -> Gather(X, rows, s, extra)
     column step   T[:, ::s] | T[:, torch.arange(0, T.shape[1], s)]                    -> s
     floor div     T // c | T.floor_divide(c) | torch.div(T, c, rounding_mode="floor") -> c
-    m + c         m + c | c + m | m - c (c an int)                                    -> +c / -c (c - m: None)
-    page count    (m + c + ps - 1) // ps                                              -> ps, c
-    min clamp     min(m, T) | torch.sym_min(m, T) (T an int)                          -> T
-    full sum      t.sum() | torch.sum(t) | t.sum(0) (1-D)                             (REDUCTIONS["sum"])
-    allocation    torch.empty(n, ..) | torch.empty((n,), ..) | torch.zeros(n, ..) | x.new_empty(n) | x.new_zeros(n)
-                                                                                      -> Alloc(node, fill)
+  allocations (any rank)
+    allocation    torch.empty(*sizes) | torch.empty(sizes) | torch.zeros(..) | torch.full(sizes, fill)
+                  | x.new_empty(sizes) | x.new_zeros(sizes) | size= as a keyword           -> Allocation
+  indptrs
     indptr        F.pad(cumsum(L, 0), (1, 0)) | torch.cat([zeros(1), cumsum(L, 0)])  -> L
                   (cumsum: torch.cumsum(L, 0) | torch.cumsum(L, dim=0) | L.cumsum(0), an int dtype= allowed)
 """
@@ -60,11 +72,12 @@ def device_of(node):
     return getattr(example_value(node), "device", None)
 
 
-def _int_const(value) -> bool:
+def is_int_constant(value) -> bool:
+    """A Python int (not a bool): a constant of the graph, as opposed to a node or a SymInt."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# -- host reads -------------------------------------------------------------------------------------------
+# -- reductions and host reads ----------------------------------------------------------------------------
 def _is_max_call(node: torch.fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in ("max", "amax")
@@ -146,6 +159,10 @@ def sum_source(node):
 REDUCTIONS = {"max": max_source, "sum": sum_source}
 
 
+# The reductions a host read may be taken over, by kind: each returns the reduced tensor (or None).
+REDUCTIONS = {"max": max_source, "sum": sum_source}
+
+
 def reduction_of(node):
     """(kind, source) of the reduction a host read reads, e.g. ("max", seq_lens); (None, None) for another."""
     for kind, source_of in REDUCTIONS.items():
@@ -173,7 +190,7 @@ def is_host_copy(node: torch.fx.Node) -> bool:
     return False
 
 
-# -- values -----------------------------------------------------------------------------------------------
+# -- values and casts ---------------------------------------------------------------------------------------
 def value_kept_input(node, allow_moves: bool = False, allow_narrowing: bool = False):
     """If `node` keeps every value of its input (an identity or widening int cast, contiguous, clone, and with
     allow_moves a device copy), that input; else None. A narrowing cast (int64 -> int32) keeps values only in
@@ -224,6 +241,13 @@ def is_narrowing(node) -> bool:
     return a in _INT_BITS and b in _INT_BITS and _INT_BITS[a] < _INT_BITS[b]
 
 
+def is_final_truncation(cast: torch.fx.Node, table: torch.fx.Node) -> bool:
+    """`(X[rpi, :m:ps] // ps).to(int32)` on an int64 X: the op computes in int64 and truncates to int32 at the
+    end, exactly this cast; a division after such a cast would differ (and is refused)."""
+    return value_kept_input(cast, allow_narrowing=True) is table and is_narrowing(cast) \
+        and dtype_of(cast) == torch.int32
+
+
 def strip_kept_values(node, allow_moves: bool = False, allow_narrowing: bool = False) -> tuple:
     """(root, nodes passed through): follow value-keeping ops down to the tensor they copy."""
     passed = []
@@ -249,29 +273,38 @@ def constant_add(node):
         return None
     a, b = (tuple(node.args) + (None,))[:2]
     if subs:
-        return (a, -b) if isinstance(a, torch.fx.Node) and _int_const(b) else None
+        return (a, -b) if isinstance(a, torch.fx.Node) and is_int_constant(b) else None
     for x, k in ((a, b), (b, a)):
-        if isinstance(x, torch.fx.Node) and _int_const(k):
+        if isinstance(x, torch.fx.Node) and is_int_constant(k):
             return x, k
     return None
 
 
-# -- the max as a host int --------------------------------------------------------------------------------
-def scalar_add(user: torch.fx.Node, m: torch.fx.Node):
-    """c for `m + c` / `c + m`, and -c for `m - c`, with an int constant c; None for anything else (`c - m`)."""
-    if user.op != "call_function" or user.target not in (operator.add, operator.sub):
+# -- host-int arithmetic: the max as a host int m -------------------------------------------------------------
+def plus_constant(user: torch.fx.Node, m: torch.fx.Node):
+    """c for `m + c` in any spelling (`m + c`, `c + m`, `torch.sym_sum([m, c1, c2, ..])` with int constants),
+    -c for `m - c`; None for anything else (`c - m` included)."""
+    if user.op != "call_function":
         return None
     if user.target is operator.sub:
-        return -user.args[1] if user.args[0] is m and _int_const(user.args[1]) else None
-    other = user.args[1] if user.args[0] is m else user.args[0]
-    return other if _int_const(other) else None
+        return -user.args[1] if user.args[0] is m and is_int_constant(user.args[1]) else None
+    if user.target is operator.add:
+        other = user.args[1] if user.args[0] is m else user.args[0]
+        return other if is_int_constant(other) else None
+    if user.target is not torch.sym_sum or len(user.args) != 1 or user.kwargs:
+        return None
+    terms = user.args[0]
+    if not isinstance(terms, (list, tuple)) or sum(1 for t in terms if t is m) != 1:
+        return None
+    rest = [t for t in terms if t is not m]
+    return sum(rest) if all(is_int_constant(t) for t in rest) else None
 
 
 def page_count(user: torch.fx.Node, m: torch.fx.Node):
     """k for `m // k` on the host int (the tail of a page count `(m + k - 1) // k`); None otherwise."""
     if user.op != "call_function" or user.target is not operator.floordiv or user.args[0] is not m:
         return None
-    return user.args[1] if _int_const(user.args[1]) else None
+    return user.args[1] if is_int_constant(user.args[1]) else None
 
 
 def min_clamp(user: torch.fx.Node, m: torch.fx.Node):
@@ -279,10 +312,68 @@ def min_clamp(user: torch.fx.Node, m: torch.fx.Node):
     if user.op != "call_function" or user.target not in (min, torch.sym_min) or len(user.args) != 2:
         return None
     other = user.args[1] if user.args[0] is m else user.args[0]
-    return other if _int_const(other) else None
+    return other if is_int_constant(other) else None
 
 
-# -- page-table gathers -----------------------------------------------------------------------------------
+# `k op x` is `x op' k`: how a comparison reads with its operands swapped.
+FLIPPED = {operator.le: operator.ge, operator.ge: operator.le, operator.lt: operator.gt, operator.gt: operator.lt,
+           operator.eq: operator.eq, operator.ne: operator.ne}
+
+
+def compared_constant(compare, node):
+    """(op, k) for a comparison of `node` with an int constant k, read as `node op k` (`k < node` gives
+    (operator.gt, k)); None for anything else."""
+    if not (isinstance(compare, torch.fx.Node) and compare.op == "call_function" and compare.target in FLIPPED
+            and len(compare.args) == 2 and not compare.kwargs):
+        return None
+    a, b = compare.args
+    if a is node and b is not node:
+        op, k = compare.target, b
+    elif b is node and a is not node:
+        op, k = FLIPPED[compare.target], a
+    else:
+        return None
+    return (op, k) if is_int_constant(k) else None
+
+
+def only_asserted(compare: torch.fx.Node) -> bool:
+    """Every user of `compare` is an assert (`torch._check`, Dynamo's `_assert_scalar`), and there is one."""
+    return bool(compare.users) and all(u.op == "call_function" and u.target in ASSERTS for u in compare.users)
+
+
+def asserted_bound(compare, node):
+    """For a comparison of `node` with an int constant whose only users are asserts (`torch._check`, Dynamo's
+    `_assert_scalar`): ("upper", T) for node <= T (node < T gives T - 1, T >= node the same), ("lower", k) for
+    node >= k (node > k gives k + 1); None for anything else (== and != included)."""
+    compared = compared_constant(compare, node)
+    if compared is None or compared[0] in (operator.eq, operator.ne) or not only_asserted(compare):
+        return None
+    op, k = compared
+    return {operator.le: ("upper", k), operator.lt: ("upper", k - 1),
+            operator.ge: ("lower", k), operator.gt: ("lower", k + 1)}[op]
+
+
+def holds_for_every_value(compare: torch.fx.Node, node: torch.fx.Node, most: int) -> bool:
+    """Is `compare` (on a value known to lie in [0, most], e.g. a table's width) true whatever the value? Only
+    such checks are Dynamo's own bookkeeping; a user's check on the width must keep its meaning."""
+    compared = compared_constant(compare, node)
+    if compared is None:
+        return False
+    op, k = compared
+    return ((op is operator.ge and k <= 0) or (op is operator.gt and k < 0)
+            or (op is operator.le and k >= most) or (op is operator.lt and k > most))
+
+
+def row_stride_of(node, n: torch.fx.Node) -> bool:
+    """`torch.sym_max(1, n)` / `max(1, n)`: Dynamo's `t.stride(0)` of a contiguous [B, n] tensor."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+            or node.target not in (torch.sym_max, max) or len(node.args) != 2 or node.kwargs:
+        return False
+    a, b = node.args
+    return (is_int_constant(a) and a == 1 and b is n) or (is_int_constant(b) and b == 1 and a is n)
+
+
+# -- views and gathers --------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Gather:
     table: torch.fx.Node  # the [R, T] token table
@@ -294,7 +385,7 @@ class Gather:
 
 def _stop_slice(index, m) -> bool:
     return (isinstance(index, slice) and index.start in (None, 0) and index.stop is m and index.step is not m
-            and (index.step is None or _int_const(index.step)))
+            and (index.step is None or is_int_constant(index.step)))
 
 
 def as_gather(user: torch.fx.Node, m: torch.fx.Node) -> Gather | None:
@@ -325,7 +416,7 @@ def arange_step(node, of: torch.fx.Node):
     args = list(node.args)
     if len(args) == 2:
         args.append(node.kwargs.get("step", 1))
-    if len(args) != 3 or args[0] != 0 or not _int_const(args[2]) or args[2] < 1:
+    if len(args) != 3 or args[0] != 0 or not is_int_constant(args[2]) or args[2] < 1:
         return None
     stop = args[1]
     if not (isinstance(stop, torch.fx.Node) and stop.op == "call_function"
@@ -344,7 +435,7 @@ def column_step(nxt: torch.fx.Node, node: torch.fx.Node):
     if not (isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None)):
         return None
     cols = index[1]
-    if isinstance(cols, slice) and cols.start in (None, 0) and cols.stop is None and _int_const(cols.step):
+    if isinstance(cols, slice) and cols.start in (None, 0) and cols.stop is None and is_int_constant(cols.step):
         return cols.step
     return arange_step(cols, node)
 
@@ -354,7 +445,7 @@ def floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
     if tuple(nxt.args[:1]) != (node,):
         return None
     value = nxt.args[1] if len(nxt.args) > 1 else None
-    if not _int_const(value):
+    if not is_int_constant(value):
         return None
     if nxt.op == "call_function" and nxt.target is operator.floordiv:
         return value
@@ -366,117 +457,87 @@ def floor_divisor(nxt: torch.fx.Node, node: torch.fx.Node):
     return None
 
 
-# -- allocated tables (the allocated-table rule) ----------------------------------------------------------
-#     m + c         torch.sym_sum([m, c]) | torch.sym_sum([c, m])  (Dynamo's spelling of `m + 63` on 2.13+) -> +c
-#     allocation    torch.full((B, n), fill) | torch.full([B, n], fill) | torch.empty((B, n)) | torch.empty(B, n)
-#                   | torch.zeros((B, n)) | torch.zeros(B, n)                          -> Allocation(rows, width)
-#     row stride    torch.sym_max(1, n) | max(1, n) (Dynamo's `t.stride(0)` of a [B, n] tensor) -> n
-def sum_add(user: torch.fx.Node, m: torch.fx.Node):
-    """c for `m + c` in any spelling: scalar_add's, and `torch.sym_sum([m, c1, c2, ...])` with int constants."""
-    c = scalar_add(user, m)
-    if c is not None:
-        return c
-    if user.op != "call_function" or user.target is not torch.sym_sum or len(user.args) != 1 or user.kwargs:
-        return None
-    terms = user.args[0]
-    if not isinstance(terms, (list, tuple)) or sum(1 for t in terms if t is m) != 1:
-        return None
-    rest = [t for t in terms if t is not m]
-    return sum(rest) if all(_int_const(t) for t in rest) else None
-
-
-ALLOCATORS = {torch.full: "full", torch.empty: "empty", torch.zeros: "zeros"}
-
-
-@dataclasses.dataclass
-class Allocation:
-    kind: str  # "full", "empty" or "zeros"
-    rows: object  # dim 0: an int or a graph node (a SymInt)
-    width: object  # dim 1
-    fill: object  # full's fill value (0 for zeros, None for empty)
-    spread: bool  # the size is spread over the arguments (`torch.empty(B, n)`), not one tuple
-
-
-def as_allocation(node) -> Allocation | None:
-    """A 2-D `torch.full` / `torch.empty` / `torch.zeros` allocation, or None (out= or a layout: None)."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target not in ALLOCATORS:
-        return None
-    kind = ALLOCATORS[node.target]
-    if "out" in node.kwargs or "size" in node.kwargs or not node.args:
-        return None
-    args = list(node.args)
-    if isinstance(args[0], (tuple, list)):
-        size, rest, spread = list(args[0]), args[1:], False
-    elif kind != "full":
-        size, rest, spread = args, [], True
-    else:
-        return None
-    if len(size) != 2:
-        return None
-    fill = None
-    if kind == "full":
-        if len(rest) != 1 and "fill_value" not in node.kwargs:
-            return None
-        fill = rest[0] if rest else node.kwargs["fill_value"]
-    elif rest:
-        return None
-    elif kind == "zeros":
-        fill = 0
-    return Allocation(kind, size[0], size[1], fill, spread)
-
-
-def with_width(node: torch.fx.Node, width: int) -> tuple:
-    """The allocation's positional args with dim 1 replaced by `width`."""
-    alloc = as_allocation(node)
-    args = list(node.args)
-    if alloc.spread:
-        args[1] = width
-    else:
-        args[0] = type(args[0])([args[0][0], width])
-    return tuple(args)
-
-
-def row_stride_of(node, n: torch.fx.Node) -> bool:
-    """`torch.sym_max(1, n)` / `max(1, n)`: Dynamo's `t.stride(0)` of a contiguous [B, n] tensor."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
-            or node.target not in (torch.sym_max, max) or len(node.args) != 2 or node.kwargs:
-        return False
-    a, b = node.args
-    return (_int_const(a) and a == 1 and b is n) or (_int_const(b) and b == 1 and a is n)
-
-
-# -- allocations and indptrs (the flat kv_indices rule) -----------------------------------------------------
-@dataclasses.dataclass
-class Alloc:
-    node: torch.fx.Node  # the allocation; its one size is the host value
-    fill: str  # "empty" or "zeros"
-
-
-_ALLOC_FUNCTIONS = {torch.empty: "empty", torch.zeros: "zeros"}
+# -- allocations (any rank) -------------------------------------------------------------------------------------
+_ALLOC_FUNCTIONS = {torch.full: "full", torch.empty: "empty", torch.zeros: "zeros"}
 _ALLOC_METHODS = {"new_empty": "empty", "new_zeros": "zeros"}
 _ALLOC_KWARGS = {"dtype", "device", "layout", "pin_memory", "requires_grad"}
 
 
-def as_alloc(user: torch.fx.Node, n: torch.fx.Node) -> Alloc | None:
-    """`torch.empty(n, ..)`, `torch.empty((n,), ..)`, `torch.zeros(n, ..)`, `x.new_empty(n)`, `x.new_zeros(n)`:
-    a 1-D allocation whose only size is `n` (and no gradient), else None."""
-    if user.op == "call_function" and user.target in _ALLOC_FUNCTIONS:
-        fill, sizes = _ALLOC_FUNCTIONS[user.target], list(user.args)
-    elif user.op == "call_method" and user.target in _ALLOC_METHODS and len(user.args) >= 1 \
-            and user.args[0] is not n:
-        fill, sizes = _ALLOC_METHODS[user.target], list(user.args[1:])
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """A fresh tensor: `kind` "full", "empty" or "zeros", its `sizes` (ints or graph nodes: SymInts), the fill
+    (None for empty) and where the sizes are spelled, so that `with_size` can respell them."""
+
+    node: torch.fx.Node
+    kind: str
+    sizes: tuple
+    fill: object
+    spelled: str  # "spread" (empty(B, n)), "tuple" (empty((B, n))), "keyword" (size=(B, n)), "keyword one" (size=n)
+    first: int  # the position of the first size argument (1 for a method: its receiver is args[0])
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+
+def as_allocation(node) -> Allocation | None:
+    """`torch.full` / `torch.empty` / `torch.zeros` / `x.new_empty` / `x.new_zeros` of any rank with plain keyword
+    arguments (dtype, device, layout, pin_memory) and no gradient, else None (out= or a memory format: None)."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op == "call_function" and node.target in _ALLOC_FUNCTIONS:
+        kind, first = _ALLOC_FUNCTIONS[node.target], 0
+    elif node.op == "call_method" and node.target in _ALLOC_METHODS and node.args:
+        kind, first = _ALLOC_METHODS[node.target], 1
     else:
         return None
-    if "size" in user.kwargs:
-        sizes = sizes + [user.kwargs["size"]]
-    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
-        sizes = list(sizes[0])
-    if sizes != [n] or any(k not in _ALLOC_KWARGS | {"size"} for k in user.kwargs) \
-            or user.kwargs.get("requires_grad", False):
+    allowed = _ALLOC_KWARGS | {"size"} | ({"fill_value"} if kind == "full" else set())
+    if any(k not in allowed for k in node.kwargs) or node.kwargs.get("requires_grad", False):
         return None
-    return Alloc(user, fill)
+    args = list(node.args[first:])
+    fill = 0 if kind == "zeros" else None
+    if kind == "full":  # torch.full(size, fill_value): one size argument, the fill after it or by keyword
+        if "fill_value" in node.kwargs:
+            fill, rest = node.kwargs["fill_value"], args
+        elif len(args) == 2 or (len(args) == 1 and "size" in node.kwargs):
+            fill, rest = args[-1], args[:-1]
+        else:
+            return None
+        args = rest
+    if "size" in node.kwargs:
+        if args:
+            return None
+        sizes = node.kwargs["size"]
+        sizes, spelled = (sizes, "keyword") if isinstance(sizes, (tuple, list)) else ((sizes,), "keyword one")
+    elif len(args) == 1 and isinstance(args[0], (tuple, list)):
+        sizes, spelled = args[0], "tuple"
+    elif kind != "full":
+        sizes, spelled = args, "spread"
+    else:
+        return None
+    if not isinstance(sizes, (tuple, list)) or any(isinstance(s, (tuple, list)) for s in sizes):
+        return None
+    return Allocation(node, kind, tuple(sizes), fill, spelled, first)
 
 
+def with_size(alloc: Allocation, dim: int, value) -> tuple[tuple, dict]:
+    """The allocation's (args, kwargs) with size `dim` replaced by `value`, spelled as it was."""
+    node = alloc.node
+    sizes = list(alloc.sizes)
+    sizes[dim] = value
+    args, kwargs = list(node.args), dict(node.kwargs)
+    if alloc.spelled == "keyword":
+        kwargs["size"] = type(node.kwargs["size"])(sizes)
+    elif alloc.spelled == "keyword one":
+        kwargs["size"] = value
+    elif alloc.spelled == "tuple":
+        args[alloc.first] = type(args[alloc.first])(sizes)
+    else:
+        args[alloc.first:alloc.first + len(sizes)] = sizes
+    return tuple(args), kwargs
+
+
+# -- indptrs --------------------------------------------------------------------------------------------------
 def cumsum_source(node):
     """L for `torch.cumsum(L, 0)`, `torch.cumsum(L, dim=0)`, `L.cumsum(0)` of a 1-D int L (an int dtype= too)."""
     if not isinstance(node, torch.fx.Node) or not node.args:
@@ -540,25 +601,3 @@ def indptr_of(node):
 
 # -- checks on a host int -----------------------------------------------------------------------------------
 _FLIPPED = {operator.le: operator.ge, operator.ge: operator.le, operator.lt: operator.gt, operator.gt: operator.lt}
-
-
-def asserted_bound(compare, node):
-    """For a comparison of `node` with an int constant whose only users are asserts (`torch._check`, Dynamo's
-    `_assert_scalar`): ("upper", T) for node <= T (node < T gives T - 1, T >= node the same), ("lower", k) for
-    node >= k (node > k gives k + 1); None for anything else."""
-    if not (isinstance(compare, torch.fx.Node) and compare.op == "call_function" and len(compare.args) == 2
-            and not compare.kwargs):
-        return None
-    a, b = compare.args
-    if a is node and b is not node:
-        op, k = compare.target, b
-    elif b is node and a is not node:
-        op, k = _FLIPPED.get(compare.target), a
-    else:
-        return None
-    if op not in _FLIPPED or not _int_const(k):
-        return None
-    if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
-        return None
-    return {operator.le: ("upper", k), operator.lt: ("upper", k - 1),
-            operator.ge: ("lower", k), operator.gt: ("lower", k + 1)}[op]

@@ -14,74 +14,70 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of
-from .consumers import bind_arguments, resolved_overload
-from .fx_util import flat_tensors, node_location
+from .consumers import bind_arguments
+from .fx_util import argument_names, flat_tensors, node_location
 from .mutations import WriteLog
 from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, strip_kept_values
 
-# Every reason a host read is kept, by code. Tests assert codes; the message beside it says the particulars.
-REASONS: dict[str, str] = {
+class DuplicateReason(RuntimeError):
+    """Two owners declare the same reason code: raised at import, so a copied code never ships."""
+
+
+# Every reason a host read is kept, by code: the merged view of what every owner declared (tests assert codes;
+# the message beside a code says the particulars). An owner is the pass itself (here), the max family
+# (rules/host_max.py) or one rule (its own file).
+REASONS: dict[str, str] = {}
+REASON_OWNERS: dict[str, str] = {}
+
+
+def declare_reasons(owner: str, reasons: dict[str, str]) -> dict[str, str]:
+    """Add `owner`'s reason codes to the registry; a code another owner (or this one) declared already raises
+    DuplicateReason. Returns `reasons`, so a rule can keep its table beside it: `REASONS = declare_reasons(...)`."""
+    for code, text in reasons.items():
+        if not (isinstance(code, str) and code.isidentifier() and isinstance(text, str) and text):
+            raise ValueError(f"{owner}: a reason code is an identifier with a text, got {code!r}: {text!r}")
+        if code in REASONS:
+            raise DuplicateReason(f"reason code {code!r} of {owner} is already declared by {REASON_OWNERS[code]}")
+    for code, text in reasons.items():
+        REASONS[code] = text
+        REASON_OWNERS[code] = owner
+    return reasons
+
+
+# The pass's own codes, and those that rules of more than one family share.
+declare_reasons("pass", {
     "no_bound": "no static bound was given (max_context_len)",
     "no_rule": "no rule recognises this host read (not a reduction over a lengths tensor)",
     "not_int_lengths": "the reduction is over a tensor that is not int32/int64 lengths",
-    "empty_lengths": "the lengths are empty, and eager raises at the max",
     "escapes": "the value leaves the step (returned or stored on an object) and static_escapes is off",
     "arithmetic": "the value is used in arithmetic that is not a bound",
     "compared": "the value is compared, and the comparison must keep its meaning",
-    "subtracted": "the max minus a constant is no upper bound",
     "not_a_consumer": "the value reaches an op with no facts for this rule",
-    "not_an_upper_bound": "the value is passed to an argument that is not an upper bound",
-    "no_lengths_fact": "the consumer has no lengths argument to tie the bound to",
     "lengths_not_tensor": "the consumer's lengths are not an int32/int64 tensor of the graph",
     "lengths_differ": "the consumer's lengths are not the values the max was taken over",
     "lengths_exceed": "the consumer's lengths exceed what the bound covers",
     "written": "something may write the lengths, the token table or the indices in between",
-    "page_count": "a page count that rounds the bound down, or is used as something else",
-    "not_a_table": "the sliced tensor or the indices are not a token table and its request indices",
-    "slice_step": "the page-table slice step is not a constant page size",
-    "table_size_read": "the page table's size is read",
-    "width_check": "the page table's width is checked by a check that must keep its meaning",
-    "strided_index": "the strided column index is used by something else",
     "page_size": "page sizes disagree",
-    "table_argument": "the page table is passed as something other than the page-table argument",
-    "mismatch": "the lengths, the indices and the token table do not match in shape or device",
-    "table_cast": "the page table is cast in a way that changes values",
-    "wide_table": "the consumer receives an int64 table, and the page-table op builds int32 (values would truncate)",
     "table_use": "the page table reaches something that is not a self-guarding consumer",
-    "no_consumer": "the page table reaches no self-guarding consumer",
     "output_changes": "the consumer's output would change shape or dtype with the static table",
-    "dynamic_width": "the token table's width is dynamic; a static width would specialize it",
-    "unbounded_operand": "the max is over a sum with an operand that has no declared bound",
-    "element_use": "an element of the list is used elsewhere, so its host read would stay",
     "nothing_to_rewrite": "the max feeds no page table and no upper bound",
-    "metadata_use": "scheduler metadata from the max reaches something other than consumers of the same max",
+    "no_writer": "the buffer or table is read before a bounded writer fills it",
+    "indptr_differs": "the indptr is not the cumulative sum, with a leading 0, of the lengths that were summed",
     "overlap": "two rewrites would edit the same nodes",
     "still_in_graph": "the host read is still in the graph after the rewrite",
     "host_copy_used": "the host copy is used (the caller or host code needs it)",
     "mirror_upload": "a CPU mirror is copied to the device",
     "graph_break": "Dynamo broke the graph at a host read",
     "post_grad": "a host read found in the post-grad graph",
-    # the allocated-table rule (rules/allocated_table.py)
-    "writer_unknown": "the allocated table is written by a kernel with no bounded-writer facts",
-    "no_writer": "the allocated table is read before a bounded writer fills it",
-    "table_written": "the allocated table is written by something other than its bounded writer before a reader",
-    "width_use": "the allocated table's width is used by something other than the allocation and the writer's "
-                 "row stride",
-    "writer_grid": "the bounded writer's launch grid is not (rows of the table, 1, 1)",
-    # the flat kv_indices rule (rules/flat_kv_indices.py): a sum sizing a buffer that is read through an indptr
-    "not_lengths": "the sum is over a tensor that is not a lengths input (a 1-D int32/int64 graph input)",
-    "sum_use": "the sum is used as something other than the size of an allocation",
-    "buffer_use": "the buffer sized by the sum reaches something other than one bounded writer (as its out) and "
-                  "readers through an indptr of the same lengths",
-    "indptr_differs": "the indptr is not the cumulative sum, with a leading 0, of the lengths that were summed",
-}
+})
 
 
 class Unsafe(Exception):
     """A use that the safety rule does not allow: `code` (a key of REASONS) and the report's message."""
 
     def __init__(self, code: str, message: str):
-        assert code in REASONS, code
+        if code not in REASONS:  # not an assert: `python -O` must not let an undeclared code through
+            raise ValueError(f"undeclared reason code {code!r} (declare it with proof.declare_reasons)")
         super().__init__(message)
         self.code = code
         self.message = message
@@ -192,12 +188,6 @@ def _shapes(tensors) -> str:
     return ", ".join(f"{[str(s) for s in t.shape]} {str(t.dtype).replace('torch.', '')}" for t in tensors)
 
 
-def _argument_names(node: torch.fx.Node) -> list[str]:
-    """The schema's argument names of the overload a call runs (empty when it has none)."""
-    overload = resolved_overload(node)
-    return [a.name for a in overload._schema.arguments] if overload is not None else []
-
-
 def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, overrides: dict | None = None,
                        may_return_nothing: bool = False) -> None:
     """A rewrite never changes what a consumer returns: `node`'s op, run on fake tensors with each node of `swap`
@@ -218,7 +208,7 @@ def check_outputs_keep(node: torch.fx.Node, swap: dict, who: str, what: str, ove
             kwargs = {k: (fresh.get(node.kwargs[k], v) if isinstance(node.kwargs[k], torch.fx.Node) else v)
                       for k, v in kwargs.items()}
             if overrides:  # by name, wherever the call passes the argument (a positional one too)
-                names = _argument_names(node)
+                names = argument_names(node)
                 args = tuple(overrides.get(names[i], a) if i < len(names) else a for i, a in enumerate(args))
                 kwargs.update({k: v for k, v in overrides.items() if k in kwargs})
             after = node.target(*args, **kwargs)
@@ -244,17 +234,3 @@ def check_page_size(consumer: torch.fx.Node, entry, page_size: int) -> None:
     if have != page_size:
         raise Unsafe("page_size", f"the page count uses pages of {page_size} but {entry.name}'s {argument} has "
                                   f"pages of {have}")
-
-
-def check_max_of_lengths(read, ctx: "ProofContext") -> None:
-    """What every rule for a max needs before its walk: int lengths, not empty (eager raises at the max of empty
-    lengths, and so must the step), and a static bound to replace it with (max_context_len)."""
-    if dtype_of(read.source) not in INT_DTYPES:
-        raise Unsafe("not_int_lengths", f"the max is taken over a {dtype_of(read.source)} tensor, not int32/int64 "
-                                        "lengths")
-    numel = getattr(example_value(read.source), "numel", lambda: None)()
-    if isinstance(numel, int) and numel == 0:
-        raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-    if ctx.options.max_context_len is None:
-        raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
-                                 "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")

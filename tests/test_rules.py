@@ -120,10 +120,57 @@ def test_rules_are_registered_with_their_options():
 def test_every_kept_reason_code_is_declared():
     from compile_pass.proof import REASONS, Unsafe
 
-    with pytest.raises(AssertionError):
+    # a ValueError, not an assert: `python -O` would strip an assert and let an undeclared code through
+    with pytest.raises(ValueError, match="undeclared reason code 'not_a_code'"):
         Unsafe("not_a_code", "x")
     assert {"written", "output_changes", "wide_table", "dynamic_width", "unbounded_operand",
             "metadata_use", "graph_break"} <= set(REASONS)
+
+
+def test_reason_codes_live_beside_their_owner_and_refuse_duplicates():
+    from compile_pass import proof
+    from compile_pass.rules import allocated_table, flat_kv_indices, host_max, page_table
+
+    owners = proof.REASON_OWNERS
+    assert owners["wide_table"] == "page_table" and "wide_table" in page_table.REASONS
+    assert owners["writer_grid"] == "allocated_table" and "writer_grid" in allocated_table.REASONS
+    assert owners["buffer_use"] == "flat_kv_indices" and "buffer_use" in flat_kv_indices.REASONS
+    assert owners["subtracted"] == "host_max" and "subtracted" in host_max.REASONS
+    assert owners["written"] == "pass"
+    before = dict(proof.REASONS)
+    with pytest.raises(proof.DuplicateReason, match="'written' of my_rule is already declared by pass"):
+        proof.declare_reasons("my_rule", {"my_new_code": "fine", "written": "again"})
+    assert proof.REASONS == before  # nothing of a refused table is half-registered
+    with pytest.raises(ValueError):
+        proof.declare_reasons("my_rule", {"not an identifier": "x"})
+
+
+def test_the_rule_order_is_the_list_in_one_place():
+    assert [r.name for r in rules.registered_rules()] == list(rules.RULE_ORDER)
+
+    class Stray:
+        name = "not_listed"
+        options: dict = {}
+
+    with pytest.raises(RuntimeError, match="not listed in compile_pass.rules.RULE_ORDER"):
+        rules.register_rule(Stray)
+
+
+def test_no_rule_module_imports_another_rule():
+    """Rules share through their family's module (host_max) and the vocabulary, never through each other."""
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(rules.__file__).parent
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                imported.add(node.module.split(".")[0])
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module:
+                imported |= {a.name for a in node.names}
+        assert not imported & (set(rules.RULE_ORDER) - {path.stem}), f"{path.name} imports {imported}"
 
 
 # -- identity slices: `t[:B]` with B the rows of t is t itself (SGLang's seq_lens_cpu[:bs], block_kv_indices[:bs])

@@ -7,16 +7,21 @@
         def prove(self, read, ctx: ProofContext) -> Plan        # raises proof.Unsafe(code, message)
         def rewrite(self, plan, graph, options) -> str          # edits the graph; returns the report line
 
-A new sync pattern is one file here with `@register_rule` on its class, plus one import line below, plus its facts
-next to their ops in kernels/. The driver (sync_pass.SyncPass) is not edited: it finds every host read, asks the
-first matching rule to prove a plan for each on the untouched graph, and then applies the plans.
+A new sync pattern is one file here with `@register_rule` on its class, plus one line in RULE_ORDER below, plus
+its facts next to their ops in kernels/, its reason codes beside it (`proof.declare_reasons`), its tests in
+tests/rules/ and its docs. The driver (sync_pass.SyncPass) is not edited: it finds every host read, asks the first
+matching rule (in RULE_ORDER) to prove a plan for each on the untouched graph, and then applies the plans.
+
+Rules never import each other: what a family shares has a module of its own (the rules that replace a max:
+`host_max.py`), which is not a rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
+import importlib
+import pathlib
 from typing import Any, Callable, Protocol
 
 from ..find_sync_points import SyncPoint
@@ -50,39 +55,59 @@ class Rule(Protocol):
     def rewrite(self, plan: Plan, graph, options) -> str: ...
 
 
-_RULES: list = []
+# The rules, in the order the driver asks them (the first whose `match` accepts a host read proves it): the
+# narrower rules of a family before the one that takes any max. One line per rule; its module is rules/<name>.py.
+RULE_ORDER = (
+    "allocated_table",  # a max whose page count sizes an allocated table that a bounded writer fills
+    "indptr_bound",  # a max passed as the upper bound of a reader through an indptr of the lengths
+    "page_table",  # any other max over lengths: a page-table gather, an upper bound, scheduler metadata
+    "flat_kv_indices",  # a sum over lengths sizing a flat kv_indices buffer
+)
+
+_RULES: dict[str, Any] = {}
 
 
 def register_rule(cls):
-    """Class decorator: one instance of the rule joins the registry (in import order)."""
-    _RULES.append(cls())
+    """Class decorator: one instance of the rule joins the registry; its place is its line in RULE_ORDER."""
+    if cls.name not in RULE_ORDER:
+        raise RuntimeError(f"rule {cls.name!r} is not listed in compile_pass.rules.RULE_ORDER")
+    if cls.name in _RULES:
+        raise RuntimeError(f"rule {cls.name!r} is registered twice")
+    _RULES[cls.name] = cls()
     return cls
 
 
 def registered_rules() -> list:
-    return list(_RULES)
+    """The rules in RULE_ORDER."""
+    return [_RULES[name] for name in RULE_ORDER if name in _RULES]
 
 
 def declared_options() -> dict[str, Option]:
+    """Every option the rules declare; a family's option (the same Option object) may be offered by each of its
+    rules, but two different options of one name are an error."""
     found: dict[str, Option] = {}
-    for rule in _RULES:
+    for rule in registered_rules():
         for name, option in rule.options.items():
-            if name in found:
+            if name in found and found[name] is not option:
                 raise RuntimeError(f"option {name!r} is declared by two rules")
             found[name] = option
     return found
 
 
 def rules_fingerprint() -> str:
-    """Part of the post-grad check's uuid: which rules ran, in which order, from which source."""
+    """Part of the post-grad check's uuid (an FX graph cache hit must never be stale): the rule order, the source
+    of every module in this folder (the rules and what they share) and every reason code with its owner."""
+    from ..proof import REASON_OWNERS
+
     h = hashlib.sha256()
-    for rule in _RULES:
-        h.update(rule.name.encode())
-        h.update(inspect.getsource(type(rule)).encode())
+    h.update(repr(RULE_ORDER).encode())
+    folder = pathlib.Path(__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    h.update(repr(sorted(REASON_OWNERS.items())).encode())
     return h.hexdigest()
 
 
-from . import allocated_table  # noqa: E402,F401  (the allocated-table rule; first: the first match wins)
-from . import indptr_bound  # noqa: E402,F401  (a max read through an indptr; before page_table, which takes any max)
-from . import page_table  # noqa: E402,F401  (registers the page-table max rule)
-from . import flat_kv_indices  # noqa: E402,F401  (registers the flat kv_indices sum rule)
+for _name in RULE_ORDER:  # each module registers its rule (and its reason codes and facts) on import
+    importlib.import_module(f"{__name__}.{_name}")

@@ -25,20 +25,26 @@ import torch.fx
 
 from .. import _compat
 from .._compat import example_value, fake_mode_of
-from ..consumers import bind_arguments, facts_of, lookup_consumer, overload_name, register_facts, unregister_facts
+from ..consumers import (bind_arguments, facts_of, load_facts, lookup_consumer, overload_name, register_facts,
+                         unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, asserted_bound, ceil_div, is_narrowing,
-                         page_count, row_stride_of, strip_kept_values, sum_add, with_width)
-from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, check_page_size, describe_use, \
-    why_not
+from ..fx_util import node_location, replace_uses
+from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, ceil_div, holds_for_every_value, row_stride_of,
+                         page_count, plus_constant, with_size)
+from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
-
-# page_table's helpers are imported where used: importing that module here would register its rule before this
-# one, and the driver asks the first rule that matches (page_table matches every max).
+from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
 RULE = "allocated_table"
+
+REASONS = declare_reasons(RULE, {
+    "writer_unknown": "the allocated table is written by a kernel with no bounded-writer facts",
+    "table_written": "the allocated table is written by something other than its bounded writer before a reader",
+    "width_use": "the allocated table's width is used by something other than the allocation and the writer's "
+                 "row stride",
+    "writer_grid": "the bounded writer's launch grid is not (rows of the table, 1, 1)",
+})
 
 
 # -- facts: bounded writers -------------------------------------------------------------------------------
@@ -113,14 +119,13 @@ def bounded_writer_of(kernel) -> BoundedWriter | None:
     return facts_of(RULE).get(_key(name))
 
 
-def _register_builtin_writers() -> None:
-    from ..kernels import flashmla_kv_indices
+def _builtin_writers() -> dict:
+    from ..kernels import flashmla_kv_indices  # it defines a Triton kernel: imported with this rule, not the ops
 
-    for name, facts in flashmla_kv_indices.BOUNDED_WRITERS.items():
-        register_bounded_writer(name, **facts)
+    return flashmla_kv_indices.BOUNDED_WRITERS
 
 
-_register_builtin_writers()
+load_facts(_builtin_writers(), register_bounded_writer)
 
 
 # -- plans ------------------------------------------------------------------------------------------------
@@ -144,8 +149,9 @@ class AllocatedTablePlan:
     bound_source: str
     tables: tuple
     bounds: tuple  # (consumer, node, value): an upper-bound argument gets the static value
-    lower_checks: tuple  # (compare, asserts, k, lengths): `m + c >= k`, asserted on the device as any(x >= k - c)
-    asserts: tuple  # (lengths, limit, before): under options.checked, every length <= limit on the device
+    checks: tuple  # host_max.HostCheck: `m + c >= k` / `<= T`, kept exactly on the device
+    escapes: tuple  # (node, offset): the max itself leaves (static_escapes)
+    lengths_uses: tuple  # host_max.LengthsUse: under options.checked, every length within [0, limit]
     offsets: tuple
     touches: frozenset
     disjoint: frozenset
@@ -170,72 +176,24 @@ def _same_size(a, b) -> bool:
     return False
 
 
-def _substitute(user: torch.fx.Node, old: torch.fx.Node, new) -> None:
-    swap = lambda a: new if a is old else a  # noqa: E731
-    user.args = torch.fx.node.map_aggregate(user.args, swap)
-    user.kwargs = torch.fx.node.map_aggregate(user.kwargs, swap)
+class _Walk(HostMaxWalk):
+    """One max's proof: the family's walk, with a page count sizing one allocated table as its use."""
 
+    page_counts = True
 
-class _Walk:
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
-        self.point, self.ctx, self.bound = point, ctx, bound
-        self.source_root, self.source_chain = strip_kept_values(point.source, allow_moves=True,
-                                                                allow_narrowing=True)
-        self.first = ctx.first(point.nodes)
-        self.offsets, self.tables, self.bounds, self.lower_checks, self.pending = [], [], [], [], []
-        self.asserts: dict = {}
-        self.disjoint: set = set()
+        super().__init__(point, ctx, bound)
+        self.tables, self.bounds, self.pending = [], [], []
 
-    def relate(self, user: torch.fx.Node, lengths, who: str, offset: int, allowed=()) -> int:
-        """The lengths `user` reads hold the max's values + k (k <= offset), unwritten since the max."""
-        rel = self.ctx.relate_lengths(self.point.source, lengths, who)
-        if rel.offset > offset:
-            raise Unsafe("lengths_exceed", f"{who} exceed the max by {rel.offset} but the bound adds only {offset}")
-        start = self.ctx.first([self.first, *rel.chain, *self.source_chain])
-        self.ctx.check_no_writes(user, [self.source_root, *self.source_chain, rel.root, *rel.chain, lengths],
-                                 "the lengths", start, self.disjoint, allowed_writers=allowed)
-        if rel.via_mirror:
-            mirror = rel.root if rel.root in self.ctx.mirrors else self.source_root
-            self.ctx.check_no_writes(user, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
-                                     None, self.disjoint, allowed_writers=allowed)
-        self.asserts.setdefault((lengths, self.bound + rel.offset), user)
-        return rel.offset
-
-    # -- the max as a host int ----------------------------------------------------------------------------
-    def follow_value(self, node: torch.fx.Node, offset: int):
-        for user in list(node.users):
-            c = sum_add(user, node)
-            if c is not None:
-                if offset + c < 0:
-                    raise Unsafe("subtracted", f"the max minus {-(offset + c)} ({describe_use(user)}) is not an "
-                                               "upper bound")
-                self.offsets.append(user)
-                self.follow_value(user, offset + c)
-                continue
-            if user.op == "call_function" and user.target is operator.sub:
-                raise Unsafe("subtracted", f"the max is used in a subtraction ({describe_use(user)})")
-            per_page = page_count(user, node)
-            if per_page is not None:
-                if per_page < 1 or offset < per_page - 1:
-                    raise Unsafe("page_count", f"`// {per_page}` at {node_location(user)} is not a page count "
-                                               f"(m + {per_page - 1}) // {per_page}: it rounds the bound down")
-                self.follow_count(user, per_page, offset - (per_page - 1))
-                continue
-            bound = asserted_bound(user, node)
-            if bound is not None and bound[0] == "lower":  # kept, exactly: max + offset >= k, on the device
-                self.lower_checks.append((user, tuple(user.users), bound[1] - offset, self.device_source(user)))
-                continue
-            entry = lookup_consumer(user) if user.op == "call_function" else None
-            if entry is not None:
-                names = [a for a, v in bind_arguments(entry.name, user.args, user.kwargs).items() if v is node]
-                if names and all(a in entry.upper_bounds for a in names):
-                    if entry.lengths is None or entry.feeds_metadata is not None:
-                        raise Unsafe("no_lengths_fact", f"{entry.name} has no lengths argument to tie the bound to")
-                    self.pending.append((user, entry, node, offset))  # once every writer is known
-                    continue
-                raise Unsafe("not_an_upper_bound", f"passed to {entry.name} as {names}, which is not an upper-bound "
-                                                   "argument")
-            raise why_not(user, "the max")
+    def on_use(self, user: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
+        entry = lookup_consumer(user) if user.op == "call_function" else None
+        if entry is None:
+            return False
+        self.upper_bound_names(user, entry, node)
+        if entry.lengths is None or entry.feeds_metadata is not None:
+            raise Unsafe("no_lengths_fact", f"{entry.name} has no lengths argument to tie the bound to")
+        self.pending.append((user, entry, node, offset))  # once every writer is known
+        return True
 
     def join_bounds(self):
         """Upper-bound arguments: their consumers' lengths are related with every proven writer excluded."""
@@ -245,22 +203,13 @@ class _Walk:
             self.relate(user, lengths, f"{entry.name}'s {entry.lengths}", offset, allowed=writers)
             self.bounds.append((user, node, self.bound + offset))
 
-    def device_source(self, before: torch.fx.Node) -> torch.fx.Node:
-        """The values the max was taken over, on the device when they are a CPU mirror with a twin."""
-        twin = self.ctx.mirrors.get(self.source_root)
-        if twin is None:
-            return self.point.source
-        self.ctx.check_no_writes(before, [self.source_root, twin], "the CPU mirror or its twin", None, self.disjoint)
-        return twin
-
     # -- the page count ---------------------------------------------------------------------------------
-    def follow_count(self, count: torch.fx.Node, page_size: int, extra: int):
-        self.offsets.append(count)
+    def on_page_count(self, count: torch.fx.Node, page_size: int, extra: int):
         pages = ceil_div(self.bound + extra, page_size)  # the count at m = bound: covers every row within it
         allocations, strides, bookkeeping, writers = [], [], [], []
         for user in count.users:
             alloc = as_allocation(user)
-            if alloc is not None and alloc.width is count and alloc.rows is not count:
+            if alloc is not None and _is_table_of(alloc, count):
                 allocations.append(user)
                 continue
             if _compat.user_triton_kernel(user) is not None:
@@ -274,9 +223,7 @@ class _Walk:
                 continue
             if user.op == "call_function" and user.target in (operator.ge, operator.gt, operator.le, operator.lt) \
                     and user.users and all(u.op == "call_function" and u.target in ASSERTS for u in user.users):
-                from .page_table import _true_for_any_width
-
-                if not _true_for_any_width(user, count, pages):
+                if not holds_for_every_value(user, count, pages):
                     raise Unsafe("width_check", f"the table's width is checked at {node_location(user)} by a check "
                                                 "that does not hold for every width, which must keep its meaning")
                 bookkeeping += [user, *user.users]
@@ -387,7 +334,7 @@ class _Walk:
                                           f"({stride!r})")
         grid = writer.kwargs.get("grid")
         if not isinstance(grid, (list, tuple)) or not grid or not all(
-                isinstance(g, (list, tuple)) and len(g) == 3 and _same_size(g[0], alloc.rows)
+                isinstance(g, (list, tuple)) and len(g) == 3 and _same_size(g[0], alloc.sizes[0])
                 and all(isinstance(d, int) and d == 1 for d in g[1:]) for g in grid):
             raise Unsafe("writer_grid", f"{name} is launched on the grid {grid!r}, not (rows of the table, 1, 1): "
                                         "its facts cover one program per row")
@@ -423,31 +370,35 @@ class _Walk:
         check_outputs_keep(consumer, {table: (rows, pages)}, entry.name, "the static table")
 
     def plan(self, bound_source: str) -> AllocatedTablePlan:
-        touches = set(self.point.nodes) | set(self.offsets)
+        touches = self.shared_touches()
         for t in self.tables:
             touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers}
-        touches |= {c for c, _, _ in self.bounds} | {c for c, _, _, _ in self.lower_checks}
-        asserts = tuple((lengths, limit, before) for (lengths, limit), before in self.asserts.items())
+        touches |= {c for c, _, _ in self.bounds}
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
-                                  tuple(self.lower_checks), asserts, tuple(self.offsets), frozenset(touches),
+                                  tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
                                   frozenset(self.disjoint))
+
+
+def _is_table_of(alloc, count: torch.fx.Node) -> bool:
+    """A 2-D allocation `(B, n)` whose width is the page count and whose rows are not."""
+    return alloc.rank == 2 and alloc.sizes[1] is count and alloc.sizes[0] is not count
 
 
 def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
     """m (through constant adds) -> a page count -> the width of a 2-D allocation: this rule's shape."""
     for user in node.users:
-        if depth < 8 and sum_add(user, node) is not None and _sizes_an_allocation(user, depth + 1):
+        if depth < 8 and plus_constant(user, node) is not None and _sizes_an_allocation(user, depth + 1):
             return True
         if page_count(user, node) is not None:
             for alloc in user.users:
                 spelled = as_allocation(alloc)
-                if spelled is not None and spelled.width is user:
+                if spelled is not None and _is_table_of(spelled, user):
                     return True
     return False
 
 
 @register_rule
-class AllocatedTableMax:
+class AllocatedTableMax(HostMaxRule):
     """A max whose page count sizes an allocated table that a registered bounded writer fills: the static width.
 
     Before (Dynamo, capture_scalar_outputs on; bs = 3, PAGED_SIZE = 64):
@@ -480,8 +431,9 @@ class AllocatedTableMax:
             kwargs={..., 'kv_indices_ptr': table, 'kv_indices_ptr_stride': 64})
         paged_decode = torch.ops.syncfree.paged_decode(q, k, v, table, cache_seqlens, max_seqlen_k=4096)
 
-    The proof: every use of `m` is `m + c` (net c >= 0), a page count `(m + c + ps - 1) // ps`, a lower-bound
-    check (kept, exactly, as a device assertion), or an upper-bound argument of a self-guarding consumer. Every
+    The proof: the family's walk over the uses of `m` (rules/host_max.py: `m + c`, `min(m + c, T)`, checks kept
+    exactly as device assertions, escapes), with a page count `(m + c + ps - 1) // ps` or an upper-bound argument
+    of a self-guarding consumer as this rule's uses. Every
     use of the count is the width of ONE allocation `(B, n)`, the row stride `max(1, n)` passed to the writer as
     its declared `table_stride`, or Dynamo's own checks that hold for every width in [0, static width] (removed).
     The table's first user is a `triton_kernel_wrapper_mutation` whose kernel has BoundedWriter facts: it gets
@@ -495,68 +447,47 @@ class AllocatedTableMax:
     """
 
     name = RULE
-    options: dict = {}
+    walk = _Walk
 
-    def match(self, read: SyncPoint) -> bool:
-        return read.is_max and _sizes_an_allocation(read.value)
+    def takes(self, value: torch.fx.Node) -> bool:
+        return _sizes_an_allocation(value)
 
-    def prove(self, read: SyncPoint, ctx: ProofContext) -> AllocatedTablePlan:
-        check_max_of_lengths(read, ctx)
-        from .page_table import site_bound
-
-        bound, bound_source = site_bound(read.source, ctx)
-        walk = _Walk(read, ctx, bound)
-        walk.follow_value(read.value, 0)
+    def finish(self, walk: _Walk) -> AllocatedTablePlan:
         if not walk.tables:
             raise Unsafe("nothing_to_rewrite", "the max sizes no allocated table")
         walk.join_bounds()
-        return walk.plan(bound_source)
+        return walk.plan(walk.bound_source)
 
     def rewrite(self, plan: AllocatedTablePlan, graph: torch.fx.Graph, options) -> str:
-        dead: list = []
         parts = []
-        for compare, asserts, k, source in plan.lower_checks:
-            # max(x) >= k as amax, not any(x >= k): Inductor (torch 2.11, CUDA) stores a bool reduction as int8
-            # and then fails to compile the device assert on it ('tt.assert' wants i1; seen on the H200).
-            most = insert_call(graph, compare, torch.ops.aten.amax.default, (source,), compare)
-            holds = insert_call(graph, compare, torch.ops.aten.ge.Scalar, (most, k), compare)
-            insert_call(graph, compare, torch.ops.aten._assert_async.msg,
-                        (holds, f"syncfree: the check at {node_location(compare)} failed: the max is below {k}"),
-                        compare)
-            dead += [compare, *asserts]
+        dead = rewrite_host_checks(graph, plan.checks)
         for t in plan.tables:
-            t.allocation.args = with_width(t.allocation, t.pages)
-            mode = fake_mode_of([t.allocation])
-            if mode is not None:
-                args = torch.fx.node.map_arg(t.allocation.args, example_value)
-                kwargs = torch.fx.node.map_arg(t.allocation.kwargs, example_value)
-                with mode:
-                    t.allocation.meta["example_value"] = t.allocation.target(*args, **kwargs)
+            _widen(t)
             for stride in t.strides:
-                _substitute(t.writer, stride, max(1, t.pages))
-            _substitute(t.writer, t.count, t.pages)
+                replace_uses(t.writer, stride, max(1, t.pages))
+            replace_uses(t.writer, t.count, t.pages)
             dead += [*t.bookkeeping, *t.strides]
             parts.append(f"allocated table -> width {t.pages} (page_size {t.page_size}), written by {t.writer_name}")
         for consumer, node, value in plan.bounds:
-            _substitute(consumer, node, value)
+            replace_uses(consumer, node, value)
             parts.append(f"upper bound -> {value}")
         parts.append(f"bound {plan.bound} ({plan.bound_source})")
-        if options.checked:
-            # Narrowed lengths (int64 -> int32) are asserted on their wide values, where the max read them; one
-            # assertion per (values, limit), before the first node that reads them.
-            checks: dict = {}
-            for lengths, limit, before in plan.asserts:
-                wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
-                narrowed = any(is_narrowing(n) for n in passed)
-                key = (wide if narrowed else lengths, limit)
-                first, low = checks.get(key, (before, False))
-                checks[key] = (min(first, before, key=list(graph.nodes).index), low or narrowed)
-            for (values, limit), (before, narrowed) in checks.items():
-                insert_device_assert(graph, before, values, limit,
-                                     f"syncfree: a sequence length exceeds the static bound that replaced its max "
-                                     f"({plan.bound_source}) at {node_location(before)}",
-                                     low=-(2 ** 31) if narrowed else None)
+        if assert_lengths(graph, plan.lengths_uses, options.checked, plan.bound_source):
             parts.append("lengths asserted on the device")
-        dead += list(plan.offsets) + [plan.point.value] + list(plan.point.nodes)
-        erase_if_dead(graph, dead)
+        if plan.escapes:
+            rewrite_escapes(graph, plan.escapes, plan.bound)
+            parts.append("escaping values leave at the static bound (options['static_escapes'])")
+        erase_read(graph, plan, dead)
         return "rewritten: " + "; ".join(parts)
+
+
+def _widen(table: TablePlan) -> None:
+    """The allocation gets the static width; its example value follows (Inductor's pre-grad passes read it)."""
+    node = table.allocation
+    node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
+    mode = fake_mode_of([node])
+    if mode is not None:
+        args = torch.fx.node.map_arg(node.args, example_value)
+        kwargs = torch.fx.node.map_arg(node.kwargs, example_value)
+        with mode:
+            node.meta["example_value"] = node.target(*args, **kwargs)

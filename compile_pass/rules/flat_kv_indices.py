@@ -58,18 +58,26 @@ import operator
 import torch
 import torch.fx
 
+from .. import kernels
 from .._compat import example_value, fake_mode_of
-from ..consumers import bind_arguments, facts_of, lookup_facts, overload_name, register_facts, \
+from ..consumers import bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts, \
     schema_argument_names, unregister_facts, _resolve
 from ..find_sync_points import SyncPoint
 from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
 from ..mutations import written_by
-from ..normalize import (ARITHMETIC, ASSERTS, COMPARES, INT_DTYPES, SYM_SIZE, as_alloc, constant_add, dtype_of,
-                         indptr_of, strip_kept_values)
-from ..proof import LengthsRelation, ProofContext, Unsafe, check_outputs_keep, describe_use
+from ..normalize import (ARITHMETIC, COMPARES, INT_DTYPES, SYM_SIZE, as_allocation, compared_constant, constant_add,
+                         dtype_of, indptr_of, only_asserted, strip_kept_values)
+from ..proof import LengthsRelation, ProofContext, Unsafe, check_outputs_keep, declare_reasons, describe_use
 from . import register_rule
 
 RULE = "flat_kv_indices"
+
+REASONS = declare_reasons(RULE, {
+    "not_lengths": "the sum is over a tensor that is not a lengths input (a 1-D int32/int64 graph input)",
+    "sum_use": "the sum is used as something other than the size of an allocation",
+    "buffer_use": "the buffer sized by the sum reaches something other than one bounded writer (as its out) and "
+                  "readers through an indptr of the same lengths",
+})
 
 
 # -- facts (per overload, scoped by this rule; the kernels' own are in kernels/kv_indices.py) ------------------
@@ -116,9 +124,7 @@ def register_indptr_writer(op, *, out: str, indptr: str, lengths: str) -> Indptr
     arg = next(a for a in schema.arguments if a.name == out)
     if arg.alias_info is None or not arg.alias_info.is_write:
         raise ValueError(f"{name}'s {out} is not written by its schema (mutates_args must name it)")
-    entry = IndptrWriter(name, out, indptr, lengths)
-    register_facts(RULE, name, entry)
-    return entry
+    return register_facts(RULE, name, IndptrWriter(name, out, indptr, lengths))
 
 
 def register_indptr_reader(op, *, indices: str, indptr: str, lengths: str) -> IndptrReader:
@@ -130,9 +136,7 @@ def register_indptr_reader(op, *, indices: str, indptr: str, lengths: str) -> In
     for a in schema.arguments:
         if a.name in (indices, indptr, lengths) and a.alias_info is not None and a.alias_info.is_write:
             raise ValueError(f"{name} writes its {a.name}: a reader through an indptr must not")
-    entry = IndptrReader(name, indices, indptr, lengths)
-    register_facts(RULE, name, entry)
-    return entry
+    return register_facts(RULE, name, IndptrReader(name, indices, indptr, lengths))
 
 
 def unregister_flat_kv_facts(op) -> None:
@@ -143,16 +147,8 @@ def registered_flat_kv_facts() -> dict:
     return facts_of(RULE)
 
 
-def _register_builtin_facts() -> None:
-    from .. import kernels
-
-    for name, facts in kernels.FLAT_KV_INDICES["writers"].items():
-        register_indptr_writer(name, **facts)
-    for name, facts in kernels.FLAT_KV_INDICES["readers"].items():
-        register_indptr_reader(name, **facts)
-
-
-_register_builtin_facts()
+load_facts(kernels.FLAT_KV_INDICES["writers"], register_indptr_writer)
+load_facts(kernels.FLAT_KV_INDICES["readers"], register_indptr_reader)
 
 
 # -- plans (frozen: the rewrite reads them, never edits them) ------------------------------------------------
@@ -185,15 +181,9 @@ class FlatKvPlan:
     disjoint: frozenset
 
 
-_FLIP = {operator.ge: operator.le, operator.le: operator.ge, operator.gt: operator.lt, operator.lt: operator.gt,
-         operator.eq: operator.eq, operator.ne: operator.ne}
 _DEVICE_COMPARE = {operator.ge: torch.ops.aten.ge.Scalar, operator.gt: torch.ops.aten.gt.Scalar,
                    operator.le: torch.ops.aten.le.Scalar, operator.lt: torch.ops.aten.lt.Scalar,
                    operator.eq: torch.ops.aten.eq.Scalar, operator.ne: torch.ops.aten.ne.Scalar}
-
-
-def _int_const(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_op(node: torch.fx.Node) -> bool:
@@ -215,9 +205,9 @@ class _Walk:
     # -- uses of n ----------------------------------------------------------------------------------------
     def follow_value(self, n: torch.fx.Node) -> None:
         for user in list(n.users):
-            alloc = as_alloc(user, n)
-            if alloc is not None:
-                self.buffers.append(self.follow_buffer(alloc.node))
+            alloc = as_allocation(user)
+            if alloc is not None and alloc.kind in ("empty", "zeros") and len(alloc.sizes) == 1 and alloc.sizes[0] is n:
+                self.buffers.append(self.follow_buffer(user))
                 continue
             if self.is_check(user, n):
                 continue
@@ -233,18 +223,10 @@ class _Walk:
                                     "allocation (torch.empty(n), torch.zeros(n), x.new_empty(n))")
 
     def is_check(self, compare: torch.fx.Node, n: torch.fx.Node) -> bool:
-        if compare.op != "call_function" or compare.target not in _FLIP or len(compare.args) != 2:
+        compared = compared_constant(compare, n)
+        if compared is None or not only_asserted(compare):
             return False
-        a, b = compare.args
-        if a is n and _int_const(b):
-            op, k = compare.target, b
-        elif b is n and _int_const(a):
-            op, k = _FLIP[compare.target], a
-        else:
-            return False
-        if not compare.users or not all(u.op == "call_function" and u.target in ASSERTS for u in compare.users):
-            return False
-        self.checks.append(SumCheck(compare, tuple(compare.users), op, k))
+        self.checks.append(SumCheck(compare, tuple(compare.users), *compared))
         return True
 
     # -- the buffer -----------------------------------------------------------------------------------------

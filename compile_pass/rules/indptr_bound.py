@@ -43,15 +43,16 @@ import operator
 import torch
 import torch.fx
 
+from .. import kernels
 from .._compat import example_value, known_equal
-from ..consumers import bind_arguments, facts_of, lookup_facts, overload_name, register_facts, \
+from ..consumers import bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts, \
     schema_argument_names, unregister_facts
 from ..find_sync_points import SyncPoint
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..normalize import INT_DTYPES, asserted_bound, cumsum_source, dtype_of, indptr_of, scalar_add, \
-    strip_kept_values
-from ..proof import ProofContext, Unsafe, check_max_of_lengths, check_outputs_keep, describe_use, why_not
+from ..fx_util import insert_call, node_location, set_argument
+from ..normalize import INT_DTYPES, cumsum_source, dtype_of, indptr_of, plus_constant, strip_kept_values
+from ..proof import ProofContext, Unsafe, check_outputs_keep
 from . import register_rule
+from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
 RULE = "indptr_bound"
 
@@ -86,9 +87,7 @@ def register_indptr_bound_consumer(op, *, indptr: str, upper_bounds) -> IndptrBo
             raise ValueError(f"{label} {value!r} is not an argument of {name} (arguments: {names})")
     if indptr in upper_bounds:
         raise ValueError(f"{indptr!r} cannot be both the indptr and an upper bound")
-    entry = IndptrBoundConsumer(name, indptr, upper_bounds)
-    register_facts(RULE, name, entry)
-    return entry
+    return register_facts(RULE, name, IndptrBoundConsumer(name, indptr, upper_bounds))
 
 
 def unregister_indptr_bound_consumer(op) -> None:
@@ -99,14 +98,7 @@ def registered_indptr_bound_consumers() -> dict:
     return facts_of(RULE)
 
 
-def _register_builtin_facts() -> None:
-    from .. import kernels
-
-    for name, facts in kernels.INDPTR_BOUND.items():
-        register_indptr_bound_consumer(name, **facts)
-
-
-_register_builtin_facts()
+load_facts(kernels.INDPTR_BOUND, register_indptr_bound_consumer)
 
 
 # -- plans ---------------------------------------------------------------------------------------------------
@@ -118,24 +110,15 @@ class UpperBound:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostCheck:
-    """`m + c op k` feeding only asserts: on the device, over the lengths."""
-
-    compare: torch.fx.Node
-    kind: str  # "upper" (every length <= limit) or "lower" (some length >= limit)
-    limit: int
-
-
-@dataclasses.dataclass(frozen=True)
 class IndptrBoundPlan:
     point: SyncPoint
     bound: int
     bound_source: str
-    lengths: torch.fx.Node  # the values the max was taken over, on the device where it was taken
     bounds: tuple
     offsets: tuple  # `m + c` nodes
     escapes: tuple  # (node, offset) leaving through the graph output
-    checks: tuple
+    checks: tuple  # host_max.HostCheck
+    lengths_uses: tuple  # host_max.LengthsUse
     zero_heads: tuple  # (indptr node, first consumer): buffer indptrs whose entry 0 is asserted 0
     touches: frozenset
     disjoint: frozenset
@@ -161,45 +144,21 @@ def _value(x):
     return example_value(x) if isinstance(x, torch.fx.Node) else x
 
 
-class _Walk:
-    """One max's proof: its uses, and each consumer's indptr."""
+class _Walk(HostMaxWalk):
+    """One max's proof: the family's walk, with the upper bounds of readers through an indptr as its uses."""
 
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
-        self.point, self.ctx, self.bound = point, ctx, bound
-        self.root, self.chain = strip_kept_values(point.source, allow_moves=True, allow_narrowing=True)
-        self.first = ctx.first(point.nodes)
-        self.bounds, self.offsets, self.escapes, self.checks, self.zero_heads = [], [], [], [], []
-        self.disjoint: set = set()
+        super().__init__(point, ctx, bound)
+        self.bounds, self.zero_heads = [], []
 
-    def follow_value(self, node: torch.fx.Node, offset: int) -> None:
-        for user in list(node.users):
-            add = scalar_add(user, node)
-            if add is not None:
-                if offset + add < 0:
-                    raise Unsafe("subtracted", f"the max minus {-(offset + add)} ({describe_use(user)}) is not an "
-                                               "upper bound")
-                self.offsets.append(user)
-                self.follow_value(user, offset + add)
-                continue
-            check = asserted_bound(user, node)
-            if check is not None:
-                kind, k = check
-                self.checks.append(HostCheck(user, kind, k - offset))
-                continue
-            if user.op == "output" and self.ctx.options.static_escapes:
-                self.escapes.append((node, offset))
-                continue
-            facts = lookup_facts(RULE, user) if user.op == "call_function" else None
-            if isinstance(facts, IndptrBoundConsumer):
-                args = bind_arguments(facts.name, user.args, user.kwargs)
-                names = [k for k, v in args.items() if v is node]
-                if not names or not all(k in facts.upper_bounds for k in names):
-                    raise Unsafe("not_an_upper_bound",
-                                 f"passed to {facts.name} as {names}, which is not an upper-bound argument")
-                self.prove_consumer(user, facts, args, offset)
-                self.bounds.extend(UpperBound(user, k, self.bound + offset) for k in names)
-                continue
-            raise why_not(user, "the max")
+    def on_use(self, user: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
+        facts = lookup_facts(RULE, user) if user.op == "call_function" else None
+        if not isinstance(facts, IndptrBoundConsumer):
+            return False
+        names = self.upper_bound_names(user, facts, node)
+        self.prove_consumer(user, facts, bind_arguments(facts.name, user.args, user.kwargs), offset)
+        self.bounds.extend(UpperBound(user, k, self.bound + offset) for k in names)
+        return True
 
     def prove_consumer(self, node, facts: IndptrBoundConsumer, args, offset: int) -> None:
         indptr = args.get(facts.indptr)
@@ -217,20 +176,13 @@ class _Walk:
             rel = self.ctx.relate_lengths(self.point.source, lengths, f"the cumsum of {facts.name}'s {facts.indptr}")
         except Unsafe as e:
             raise Unsafe("indptr_differs", e.message) from None
-        if rel.offset > offset:
-            raise Unsafe("lengths_exceed", f"{facts.name}'s {facts.indptr} counts the max's values + {rel.offset} "
-                                           f"per row, but the bound adds only {offset}")
+        self.require_covered(rel, offset, f"{facts.name}'s {facts.indptr} counts the max's values + {rel.offset} "
+                                          "per row,")
         # The lengths and the indptr as they were read: nothing writes them before the consumer reads.
-        protected += [self.root, *self.chain, rel.root, *rel.chain, rel.lengths]
-        first = self.ctx.first([self.first, *self.chain, *rel.chain, *nodes])
-        self.ctx.check_no_writes(node, protected, "the lengths or the indptr", first, self.disjoint)
+        self.guard_lengths(node, rel, extra=protected, what="the lengths or the indptr", start_from=nodes)
         if buf is not None:  # the buffer: its cumsum write fills it, nothing may write it after
             self.ctx.check_no_writes(node, [buf, *nodes[:-2]], "the indptr buffer", write, self.disjoint)
             self.zero_heads.append((indptr, node))
-        if rel.via_mirror:
-            mirror = rel.root if rel.root in self.ctx.mirrors else self.root
-            self.ctx.check_no_writes(node, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
-                                     None, self.disjoint)
         check_outputs_keep(node, {}, facts.name, "the static bound",
                            overrides={k: self.bound + offset for k in facts.upper_bounds},
                            may_return_nothing=True)
@@ -263,46 +215,33 @@ class _Walk:
         return lengths, [*passed, stripped, write, value], write, buf  # nodes: the view chain, the write, the cumsum
 
     def plan(self, bound_source: str) -> IndptrBoundPlan:
-        touches = set(self.point.nodes) | set(self.offsets) | {b.consumer for b in self.bounds} \
-            | {c.compare for c in self.checks}
-        return IndptrBoundPlan(self.point, self.bound, bound_source, self.root, tuple(self.bounds),
-                               tuple(self.offsets), tuple(self.escapes), tuple(self.checks), tuple(self.zero_heads),
-                               frozenset(touches), frozenset(self.disjoint))
+        touches = self.shared_touches() | {b.consumer for b in self.bounds}
+        return IndptrBoundPlan(self.point, self.bound, bound_source, tuple(self.bounds), tuple(self.offsets),
+                               tuple(self.escapes), tuple(self.checks), tuple(self.lengths_uses),
+                               tuple(self.zero_heads), frozenset(touches), frozenset(self.disjoint))
 
 
 def _reaches_consumer(value: torch.fx.Node, depth: int = 3) -> bool:
     for user in value.users:
         if user.op == "call_function" and isinstance(lookup_facts(RULE, user), IndptrBoundConsumer):
             return True
-        if depth and scalar_add(user, value) is not None and _reaches_consumer(user, depth - 1):
+        if depth and plus_constant(user, value) is not None and _reaches_consumer(user, depth - 1):
             return True
     return False
 
 
 @register_rule
-class IndptrBoundMax:
+class IndptrBoundMax(HostMaxRule):
     """A max over lengths that a consumer reads through an indptr of them, passed as its upper bound: the static
     bound (max_context_len, or the declared per-site bound)."""
 
     name = RULE
-    options: dict = {}
+    walk = _Walk
 
-    def match(self, read: SyncPoint) -> bool:
-        return read.is_max and _reaches_consumer(read.value)
-
-    def prove(self, read: SyncPoint, ctx: ProofContext) -> IndptrBoundPlan:
-        check_max_of_lengths(read, ctx)
-        from .page_table import site_bound  # imported here: page_table registers its rule after this one
-
-        bound, bound_source = site_bound(read.source, ctx)
-        walk = _Walk(read, ctx, bound)
-        walk.follow_value(read.value, 0)
-        return walk.plan(bound_source)
+    def takes(self, value: torch.fx.Node) -> bool:
+        return _reaches_consumer(value)
 
     def rewrite(self, plan: IndptrBoundPlan, graph: torch.fx.Graph, options) -> str:
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        first = min((b.consumer for b in plan.bounds), key=order.get, default=None)
-        anchor = first if first is not None else graph.output_node()
         parts = []
         for indptr, consumer in dict.fromkeys(plan.zero_heads):
             head = insert_call(graph, consumer, torch.ops.aten.select.int, (indptr, 0, 0), consumer)
@@ -311,38 +250,16 @@ class IndptrBoundMax:
                         (zero, f"syncfree: {indptr.name}[0] is not 0 at {node_location(consumer)}: the indptr "
                                "buffer's first entry is the premise of the static bound"), consumer)
             parts.append(f"{indptr.name}[0] == 0 asserted on the device")
-        for check in plan.checks:  # the check keeps its meaning, on the device, over the lengths
-            if check.kind == "upper":
-                insert_device_assert(graph, check.compare, plan.lengths, check.limit,
-                                     f"syncfree: the check at {node_location(check.compare)} failed")
-            else:
-                most = insert_call(graph, check.compare, torch.ops.aten.amax.default, (plan.lengths,), check.compare)
-                holds = insert_call(graph, check.compare, torch.ops.aten.ge.Scalar, (most, check.limit),
-                                    check.compare)
-                insert_call(graph, check.compare, torch.ops.aten._assert_async.msg,
-                            (holds, f"syncfree: the check at {node_location(check.compare)} failed"), check.compare)
-            for a in list(check.compare.users):
-                graph.erase_node(a)
-            graph.erase_node(check.compare)
-        if options.checked:
-            insert_device_assert(graph, anchor, plan.lengths, plan.bound,
-                                 f"syncfree: a length is outside [0, {plan.bound}] ({plan.bound_source}), the static "
-                                 f"bound of the max at {plan.point.location}", low=0)
+        dead = rewrite_host_checks(graph, plan.checks)
+        checked = assert_lengths(graph, plan.lengths_uses, options.checked, plan.bound_source)
         for b in plan.bounds:
-            names = schema_argument_names(lookup_facts(RULE, b.consumer).name)
-            if b.argument in b.consumer.kwargs or names.index(b.argument) >= len(b.consumer.args):
-                b.consumer.update_kwarg(b.argument, b.value)
-            else:
-                b.consumer.update_arg(names.index(b.argument), b.value)
+            set_argument(b.consumer, b.argument, b.value)
             parts.append(f"{b.argument} -> {b.value}")
         if plan.escapes:
-            output = graph.output_node()
-            replace = {node: plan.bound + offset for node, offset in plan.escapes}
-            output.args = torch.fx.node.map_aggregate(
-                output.args, lambda a: replace.get(a, a) if isinstance(a, torch.fx.Node) else a)
+            rewrite_escapes(graph, plan.escapes, plan.bound)
             parts.append("escaping values leave at the static bound (options['static_escapes'])")
         parts.append(f"bound {plan.bound} ({plan.bound_source})")
-        if options.checked:
+        if checked:
             parts.append("lengths asserted on the device")
-        erase_if_dead(graph, [*reversed(plan.offsets), plan.point.value, *plan.point.nodes])
+        erase_read(graph, plan, dead)
         return "rewritten: " + "; ".join(parts)
