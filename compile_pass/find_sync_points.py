@@ -32,6 +32,8 @@ class SyncPoint:
     location: str = "<unknown>"
     code: str = ""
     reduction: str | None = None  # "max", ... (normalize.REDUCTIONS); rules match on it
+    # Why keeping it costs no sync, said in the report (host_sync False): a rule that finds its own points says it
+    kept_note: str = "a host read of a CPU mirror: no device sync"
 
     @property
     def is_max(self) -> bool:

@@ -1,6 +1,7 @@
 """The driver: find the host reads, prove a plan for each on the untouched graph, then apply the plans.
 
     reads = find_sync_points(graph, mirrors)                   # neutral: kind, value, nodes, reduction, source
+    reads += rule.find(graph, ctx) for a rule that finds its own (optional)
     plans = [rule.prove(read, ctx) for read in reads]          # every proof on the untouched graph, one WriteLog
     for plan in plans: rule.rewrite(plan, graph, options)      # then every rewrite
     return PassResult(rewritten, kept, disjoint_inputs, notes) # the backend decides from this, and reports it
@@ -57,9 +58,12 @@ class SyncPass:
         graph = gm.graph
         result = PassResult()
         mirrors = find_cpu_mirrors(graph, dict(self.options.cpu_mirrors))
-        points = find_sync_points(graph, mirrors)
         ctx = ProofContext(graph, mirrors, self.options)
         rules = registered_rules()
+        points = find_sync_points(graph, mirrors)
+        # A rule whose host value is not a reduction read on the host (a host int declared equal to one, say)
+        # finds its own points; each is proven by the first rule that matches it, like every other point.
+        points += [point for rule in rules if hasattr(rule, "find") for point in rule.find(graph, ctx)]
         proven: list[tuple] = []
         kept_values = set()
         touched: set = set()
@@ -105,7 +109,7 @@ class SyncPass:
     def _keep(result: PassResult, point: SyncPoint, message: str, code: str, rule: str) -> None:
         reason = "kept: " + message
         if not point.host_sync:
-            reason += " (a host read of a CPU mirror: no device sync)"
+            reason += f" ({point.kept_note})"
         result.kept.append(_item(point, reason, code, rule))
 
     @staticmethod

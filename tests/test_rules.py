@@ -129,12 +129,12 @@ def test_every_kept_reason_code_is_declared():
 
 def test_reason_codes_live_beside_their_owner_and_refuse_duplicates():
     from compile_pass import proof
-    from compile_pass.rules import allocated_table, flat_kv_indices, host_max, page_table
+    from compile_pass.rules import allocated_table, flat_buffer, host_max, page_table
 
     owners = proof.REASON_OWNERS
     assert owners["wide_table"] == "page_table" and "wide_table" in page_table.REASONS
     assert owners["writer_grid"] == "allocated_table" and "writer_grid" in allocated_table.REASONS
-    assert owners["buffer_use"] == "flat_kv_indices" and "buffer_use" in flat_kv_indices.REASONS
+    assert owners["buffer_use"] == "flat_buffer" and "buffer_use" in flat_buffer.REASONS
     assert owners["subtracted"] == "host_max" and "subtracted" in host_max.REASONS
     assert owners["written"] == "pass"
     before = dict(proof.REASONS)

@@ -6,6 +6,8 @@
         def match(self, read: SyncPoint) -> bool
         def prove(self, read, ctx: ProofContext) -> Plan        # raises proof.Unsafe(code, message)
         def rewrite(self, plan, graph, options) -> str          # edits the graph; returns the report line
+        def find(self, graph, ctx) -> list[SyncPoint]           # optional: points of its own (not a host read
+                                                                # of a reduction, which find_sync_points finds)
 
 A new sync pattern is one file here with `@register_rule` on its class, plus one line in RULE_ORDER below, plus
 its facts next to their ops in kernels/, its reason codes beside it (`proof.declare_reasons`), its tests in

@@ -28,8 +28,9 @@ After (max_context_len=4096, B = 8 static; under dynamic shapes the size is `sym
 A check on n that is not implied (a user's `torch._check(n <= 100)`, or Dynamo's `n >= 0` with checked=False)
 stays exact, as `_assert_async(aten.ge.Scalar(aten.sum(seq_lens), 0))`: no host read.
 
-The proof (docs/design.md, "The safety rule"; REVIEW.md section 1) follows every use of `n`:
-  1. each use is the size of a 1-D allocation (normalize.as_alloc: torch.empty / zeros / new_empty / new_zeros),
+The proof (docs/design.md, "The safety rule"; the flat-buffer family's, rules/flat_buffer.py) follows every use
+of `n`:
+  1. each use is the size of a 1-D allocation (normalize.as_allocation: torch.empty / zeros / new_empty / new_zeros),
      or a comparison that only feeds asserts (Dynamo's `n >= 0`, a user's `torch._check(n <= N)`): kept exactly,
      as a device assertion on `sum(lengths)`, unless the lengths' device check implies it;
   2. each buffer reaches exactly one registered bounded writer (as its `out` argument), and after it only
@@ -58,108 +59,20 @@ import operator
 import torch
 import torch.fx
 
-from .. import kernels
-from .._compat import example_value, fake_mode_of
-from ..consumers import bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts, \
-    schema_argument_names, unregister_facts, _resolve
+from .._compat import example_value
 from ..find_sync_points import SyncPoint
-from ..fx_util import erase_if_dead, insert_call, insert_device_assert, node_location
-from ..mutations import written_by
-from ..normalize import (ARITHMETIC, COMPARES, INT_DTYPES, SYM_SIZE, as_allocation, compared_constant, constant_add,
-                         dtype_of, indptr_of, only_asserted, strip_kept_values)
-from ..proof import LengthsRelation, ProofContext, Unsafe, check_outputs_keep, declare_reasons, describe_use
+from ..fx_util import erase_if_dead, insert_call, node_location
+from ..normalize import INT_DTYPES, compared_constant, dtype_of, only_asserted, strip_kept_values
+from ..proof import ProofContext, Unsafe, describe_use
 from . import register_rule
+from .flat_buffer import (IndptrReader, IndptrWriter, BufferWalk, assert_lengths_within,  # noqa: F401 (the facts'
+                          register_indptr_reader, register_indptr_writer, registered_flat_kv_facts,  # public home
+                          resize_buffers, unregister_flat_kv_facts)  # stays importable from here)
 
 RULE = "flat_kv_indices"
 
-REASONS = declare_reasons(RULE, {
-    "not_lengths": "the sum is over a tensor that is not a lengths input (a 1-D int32/int64 graph input)",
-    "sum_use": "the sum is used as something other than the size of an allocation",
-    "buffer_use": "the buffer sized by the sum reaches something other than one bounded writer (as its out) and "
-                  "readers through an indptr of the same lengths",
-})
-
-
-# -- facts (per overload, scoped by this rule; the kernels' own are in kernels/kv_indices.py) ------------------
-@dataclasses.dataclass(frozen=True)
-class IndptrWriter:
-    """An overload that writes only out[indptr[b] : indptr[b] + lengths[b]] (and nothing outside `out`)."""
-
-    name: str
-    out: str
-    indptr: str
-    lengths: str
-
-
-@dataclasses.dataclass(frozen=True)
-class IndptrReader:
-    """An overload that reads only indices[indptr[b] : indptr[b] + lengths[b]] and writes none of them."""
-
-    name: str
-    indices: str
-    indptr: str
-    lengths: str
-
-
-def _schema_of(name: str):
-    try:
-        return _resolve(name)._schema
-    except (AttributeError, RuntimeError) as e:
-        raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
-
-
-def _check_names(name: str, **arguments) -> None:
-    names = schema_argument_names(name)
-    for label, value in arguments.items():
-        if value not in names:
-            raise ValueError(f"{label}={value!r} is not an argument of {name} (arguments: {names})")
-
-
-def register_indptr_writer(op, *, out: str, indptr: str, lengths: str) -> IndptrWriter:
-    """Declare that `op` (one overload) writes only out[indptr[b] : indptr[b] + lengths[b]] of its `out` argument,
-    which its schema must mark written (`Tensor(a!)`)."""
-    name = overload_name(op)
-    schema = _schema_of(name)
-    _check_names(name, out=out, indptr=indptr, lengths=lengths)
-    arg = next(a for a in schema.arguments if a.name == out)
-    if arg.alias_info is None or not arg.alias_info.is_write:
-        raise ValueError(f"{name}'s {out} is not written by its schema (mutates_args must name it)")
-    return register_facts(RULE, name, IndptrWriter(name, out, indptr, lengths))
-
-
-def register_indptr_reader(op, *, indices: str, indptr: str, lengths: str) -> IndptrReader:
-    """Declare that `op` (one overload) reads only indices[indptr[b] : indptr[b] + lengths[b]] (an attention op
-    over a flat kv_indices buffer, FlashInfer's layout); its schema must write none of the three."""
-    name = overload_name(op)
-    schema = _schema_of(name)
-    _check_names(name, indices=indices, indptr=indptr, lengths=lengths)
-    for a in schema.arguments:
-        if a.name in (indices, indptr, lengths) and a.alias_info is not None and a.alias_info.is_write:
-            raise ValueError(f"{name} writes its {a.name}: a reader through an indptr must not")
-    return register_facts(RULE, name, IndptrReader(name, indices, indptr, lengths))
-
-
-def unregister_flat_kv_facts(op) -> None:
-    unregister_facts(RULE, op)
-
-
-def registered_flat_kv_facts() -> dict:
-    return facts_of(RULE)
-
-
-load_facts(kernels.FLAT_KV_INDICES["writers"], register_indptr_writer)
-load_facts(kernels.FLAT_KV_INDICES["readers"], register_indptr_reader)
-
 
 # -- plans (frozen: the rewrite reads them, never edits them) ------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class BufferPlan:
-    alloc: torch.fx.Node  # torch.empty(n, ..) and its spellings: its size becomes the static total
-    writer: torch.fx.Node | None
-    readers: tuple
-    writer_lengths: torch.fx.Node | None  # the writer's lengths, before any narrowing cast (the device check)
-
-
 @dataclasses.dataclass(frozen=True)
 class SumCheck:
     """`n op k` feeding only asserts (Dynamo's `n >= 0`, a user's torch._check): `sum(lengths) op k` on the device."""
@@ -186,41 +99,13 @@ _DEVICE_COMPARE = {operator.ge: torch.ops.aten.ge.Scalar, operator.gt: torch.ops
                    operator.eq: torch.ops.aten.eq.Scalar, operator.ne: torch.ops.aten.ne.Scalar}
 
 
-def _is_op(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and (
-        isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
-        or getattr(node.target, "_opoverload", None) is not None)
-
-
-class _Walk:
-    """One sum's proof: the walk over its uses and over each buffer's uses."""
+class _Walk(BufferWalk):
+    """One sum's proof: the walk over its uses (the family's, with checks on n kept on the device) and over each
+    buffer's uses (the family's)."""
 
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
-        self.point, self.ctx, self.bound = point, ctx, bound
-        self.root, self.chain = strip_kept_values(point.source, allow_moves=True, allow_narrowing=True)
-        self.first = ctx.first(point.nodes)
-        self.buffers, self.checks = [], []
-        self.disjoint: set = set()
-
-    # -- uses of n ----------------------------------------------------------------------------------------
-    def follow_value(self, n: torch.fx.Node) -> None:
-        for user in list(n.users):
-            alloc = as_allocation(user)
-            if alloc is not None and alloc.kind in ("empty", "zeros") and len(alloc.sizes) == 1 and alloc.sizes[0] is n:
-                self.buffers.append(self.follow_buffer(user))
-                continue
-            if self.is_check(user, n):
-                continue
-            if user.op == "output":
-                raise Unsafe("escapes", f"the sum reaches {describe_use(user)}: it would leave at another value")
-            if user.op == "call_function" and user.target in ARITHMETIC:
-                raise Unsafe("arithmetic", f"the sum is used in arithmetic ({describe_use(user)}), not as the size "
-                                           "of an allocation")
-            if user.op == "call_function" and user.target in COMPARES:
-                raise Unsafe("compared", f"the sum is compared ({describe_use(user)}), and the comparison must keep "
-                                         "its value")
-            raise Unsafe("sum_use", f"the sum reaches {describe_use(user)}, which is not the size of a 1-D "
-                                    "allocation (torch.empty(n), torch.zeros(n), x.new_empty(n))")
+        super().__init__(point, ctx, bound)
+        self.checks = []
 
     def is_check(self, compare: torch.fx.Node, n: torch.fx.Node) -> bool:
         compared = compared_constant(compare, n)
@@ -228,125 +113,6 @@ class _Walk:
             return False
         self.checks.append(SumCheck(compare, tuple(compare.users), *compared))
         return True
-
-    # -- the buffer -----------------------------------------------------------------------------------------
-    def follow_buffer(self, buf: torch.fx.Node) -> BufferPlan:
-        writers, readers = [], []
-        for user in buf.users:
-            facts = lookup_facts(RULE, user) if user.op == "call_function" else None
-            if isinstance(facts, (IndptrWriter, IndptrReader)):
-                args = bind_arguments(facts.name, user.args, user.kwargs)
-                names = [k for k, v in args.items() if v is buf]
-                want = facts.out if isinstance(facts, IndptrWriter) else facts.indices
-                if names != [want]:
-                    raise Unsafe("buffer_use", f"the buffer is passed to {facts.name} as {names}, not as its {want}")
-                (writers if isinstance(facts, IndptrWriter) else readers).append((user, facts, args))
-                continue
-            if user.op == "output":
-                raise Unsafe("escapes", f"the buffer sized by the sum reaches {describe_use(user)}: it would leave "
-                                        "at the static size")
-            if _is_op(user):
-                raise Unsafe("not_a_consumer", f"the buffer reaches {describe_use(user)}, which has no facts as a "
-                                               "bounded writer or a reader through an indptr")
-            if buf in written_by(user):
-                raise Unsafe("written", f"the buffer is written by {describe_use(user)}, which is not a bounded "
-                                        "writer: the writes past the lengths would land elsewhere")
-            raise Unsafe("buffer_use", f"the buffer sized by the sum reaches {describe_use(user)}")
-        if len(writers) > 1:
-            raise Unsafe("buffer_use", "the buffer has more than one writer")
-        if readers and not writers:
-            raise Unsafe("no_writer", "the buffer is read through an indptr but nothing registered fills it")
-        writer = writers[0] if writers else None
-        wide = self.prove_writer(*writer) if writer is not None else None
-        for reader in readers:
-            self.prove_reader(*reader, writer)
-        return BufferPlan(buf, writer[0] if writer else None, tuple(r[0] for r in readers), wide)
-
-    def relate(self, node, facts, args, offset_ok) -> LengthsRelation:
-        lengths = args.get(facts.lengths)
-        rel = self.ctx.relate_lengths(self.point.source, lengths, f"{facts.name}'s {facts.lengths}")
-        if rel.offset > 0 or (rel.offset < 0 and not offset_ok):
-            raise Unsafe("lengths_exceed", f"{facts.name}'s {facts.lengths} are the summed values + {rel.offset}: a "
-                                           f"constant k added to every length adds B*k to the total, which the "
-                                           "size does not cover")
-        return rel
-
-    def indptr_relation(self, node, facts, args) -> tuple[LengthsRelation, list]:
-        """The indptr argument must be the cumulative sum, with a leading 0, of exactly the summed values."""
-        indptr = args.get(facts.indptr)
-        spelled = indptr_of(indptr) if isinstance(indptr, torch.fx.Node) else None
-        if spelled is None:
-            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} is not recognised as an indptr of the "
-                                           "summed lengths (F.pad(torch.cumsum(lens, 0), (1, 0)) or "
-                                           "torch.cat([zeros(1), cumsum(lens)]))")
-        lengths, nodes = spelled
-        try:
-            rel = self.ctx.relate_lengths(self.point.source, lengths, f"the cumsum of {facts.name}'s {facts.indptr}")
-        except Unsafe as e:
-            raise Unsafe("indptr_differs", e.message) from None
-        if rel.offset != 0:
-            raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} is the cumulative sum of the summed "
-                                           f"lengths + {rel.offset}: it does not end at the sum")
-        return rel, [indptr, *nodes]
-
-    def check_windows(self, node, facts, rels, indptr_nodes) -> None:
-        """Nothing may write the lengths or the indptr between their first read and this writer or reader."""
-        protected = [self.root, *self.chain, *indptr_nodes]
-        chains = []
-        for rel in rels:
-            protected += [rel.root, *rel.chain, rel.lengths]
-            chains += rel.chain
-        start = self.ctx.first([self.first, *self.chain, *chains, *indptr_nodes])
-        self.ctx.check_no_writes(node, protected, "the lengths or the indptr", start, self.disjoint)
-        for rel in rels:
-            if rel.via_mirror:
-                mirror = rel.root if rel.root in self.ctx.mirrors else self.root
-                self.ctx.check_no_writes(node, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
-                                         None, self.disjoint)
-
-    def prove_writer(self, node, facts: IndptrWriter, args) -> torch.fx.Node:
-        rel = self.relate(node, facts, args, offset_ok=True)
-        indptr_rel, indptr_nodes = self.indptr_relation(node, facts, args)
-        self.check_windows(node, facts, [rel, indptr_rel], indptr_nodes)
-        self.check_outputs_keep(node, facts, facts.out, args)
-        # The summed values as the writer's device holds them: before narrowing casts and constant adds.
-        wide, _ = strip_kept_values(rel.lengths, allow_moves=False, allow_narrowing=True)
-        while constant_add(wide) is not None:
-            wide, _ = strip_kept_values(constant_add(wide)[0], allow_moves=False, allow_narrowing=True)
-        return wide
-
-    def prove_reader(self, node, facts: IndptrReader, args, writer) -> None:
-        buf = args[facts.indices]
-        if self.ctx.index(node) < self.ctx.index(writer[0]):
-            raise Unsafe("no_writer", f"{facts.name} at {node_location(node)} reads the buffer before its writer at "
-                                      f"{node_location(writer[0])} fills it")
-        if buf in written_by(node):
-            raise Unsafe("written", f"{facts.name} writes the buffer it is registered to read")
-        rel = self.relate(node, facts, args, offset_ok=True)
-        writer_indptr = writer[2].get(writer[1].indptr)
-        mine = args.get(facts.indptr)
-        if isinstance(mine, torch.fx.Node) and isinstance(writer_indptr, torch.fx.Node) and \
-                strip_kept_values(mine)[0] is strip_kept_values(writer_indptr)[0]:
-            indptr_rel, indptr_nodes = self.indptr_relation(writer[0], writer[1], writer[2])
-            indptr_nodes = [mine, *indptr_nodes]
-        else:  # another indptr node: fine only if it holds the same values (the cumsum of the same lengths)
-            try:
-                indptr_rel, indptr_nodes = self.indptr_relation(node, facts, args)
-            except Unsafe as e:
-                raise Unsafe("indptr_differs", f"{facts.name} at {node_location(node)} reads through another indptr "
-                                               f"than its writer's ({e.message})") from None
-        self.check_windows(node, facts, [rel, indptr_rel], indptr_nodes)
-        self.ctx.check_no_writes(node, [buf], "the kv_indices buffer", writer[0], self.disjoint)
-        self.check_outputs_keep(node, facts, facts.indices, args)
-
-    def check_outputs_keep(self, node, facts, argument: str, args) -> None:
-        """The op, run on fake tensors with the buffer at its static size, must return what it returned in the
-        trace (same shapes, same dtypes): an output shaped by n would change."""
-        check_outputs_keep(node, {args[argument]: (self.static_size(),)}, facts.name, "the static buffer",
-                           may_return_nothing=True)
-
-    def static_size(self):
-        return example_value(self.root).shape[0] * self.bound
 
     def plan(self) -> FlatKvPlan:
         touches = set(self.point.nodes) | {b.alloc for b in self.buffers}
@@ -380,7 +146,7 @@ class FlatKvIndices:
             raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
                                      "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
         walk = _Walk(read, ctx, ctx.options.max_context_len)
-        walk.follow_value(read.value)
+        walk.follow_total(read.value)
         if not walk.buffers:
             raise Unsafe("nothing_to_rewrite", "the sum sizes no allocation: nothing to rewrite")
         return walk.plan()
@@ -403,22 +169,9 @@ class FlatKvIndices:
             insert_call(graph, check.compare, torch.ops.aten._assert_async.msg,
                         (holds, f"syncfree: the check on the sum at {node_location(check.compare)} failed"),
                         check.compare)
-        if options.checked:  # every length within [0, bound]: then n <= B * bound, the static size
-            # On the device, where the first writer reads its lengths (before a narrowing cast); else the input.
-            written = sorted((b for b in plan.buffers if b.writer is not None), key=lambda b: order[b.writer])
-            wide, before = (written[0].writer_lengths, written[0].writer) if written else (plan.lengths, first)
-            insert_device_assert(graph, before, wide, plan.bound,
-                                 f"syncfree: a sequence length is outside [0, max_context_len={plan.bound}], so the "
-                                 f"sum at {plan.point.location} may exceed the static kv_indices size",
-                                 low=0)
-        size = _static_size(graph, first, plan.lengths, plan.bound)
-        for buffer in plan.buffers:
-            alloc = buffer.alloc
-            alloc.replace_input_with(plan.point.value, size)
-            _refresh_example_value(alloc, size)
-            rows = "B" if isinstance(size, torch.fx.Node) else str(size // plan.bound)
-            readers = f", {len(buffer.readers)} reader(s)" if buffer.readers else ""
-            parts.append(f"{alloc.name} -> size {rows} x {plan.bound} (B x max_context_len{readers})")
+        if options.checked:
+            assert_lengths_within(graph, plan, first, "the sum")
+        parts += resize_buffers(graph, plan, first, plan.point.value)
         if kept_checks:
             parts.append("checks on the sum run on the device")
         if options.checked:
@@ -438,24 +191,3 @@ def _implied(check: SumCheck, batch, bound: int) -> bool:
     return (op is operator.le and k >= batch * bound) or (op is operator.lt and k > batch * bound)
 
 
-def _static_size(graph, before, lengths, bound):
-    """B * bound as a graph value: an int, or `sym_size(lengths, 0) * bound` (a backed SymInt) when B is dynamic."""
-    batch = example_value(lengths).shape[0]
-    if isinstance(batch, int):
-        return batch * bound
-    with graph.inserting_before(before):
-        size = graph.call_function(SYM_SIZE, (lengths, 0))
-        total = graph.call_function(operator.mul, (size, bound))
-    size.meta["example_value"] = batch
-    total.meta["example_value"] = batch * bound
-    return total
-
-
-def _refresh_example_value(alloc: torch.fx.Node, size) -> None:
-    old = example_value(alloc)
-    mode = fake_mode_of([alloc])
-    if old is None or mode is None:
-        return
-    n = size.meta["example_value"] if isinstance(size, torch.fx.Node) else size
-    with mode:
-        alloc.meta["example_value"] = torch.empty((n,), dtype=old.dtype, device=old.device)
