@@ -64,6 +64,7 @@ RULE_ORDER = (
     "indptr_bound",  # a max passed as the upper bound of a reader through an indptr of the lengths
     "page_table",  # any other max over lengths: a page-table gather, an upper bound, scheduler metadata
     "flat_kv_indices",  # a sum over lengths sizing a flat kv_indices buffer
+    "host_sums",  # a host int declared equal to such a sum (options['host_sums']) sizing the same buffer
 )
 
 _RULES: dict[str, Any] = {}

@@ -1,0 +1,139 @@
+"""The host sum: a host int that equals sum(lengths) (SGLang's `forward_batch.seq_lens_sum`) sizing a flat
+kv_indices buffer becomes the static size B x max_context_len, once the user declares the relation.
+
+There is no sync here: the int is already on the host. But it changes every step, so Dynamo first specialises the
+graph on it, then (at the next value) makes it a dynamic input, and the buffer's size follows it: no single CUDA
+graph per batch size. Declared with `options={"host_sums": {"seq_lens_sum": "seq_lens"}}` (like `cpu_mirrors`),
+the size no longer depends on it.
+
+Before (Dynamo, the second value of seq_lens_sum: automatic dynamic shapes made it an input):
+
+    l_fb_seq_lens_sum : torch.SymInt = placeholder[target=L_fb_seq_lens_sum]      # s0, a host int
+    cumsum = torch.cumsum(l_fb_seq_lens, 0)
+    kv_indptr = torch._C._nn.pad(cumsum, (1, 0), 'constant', None)
+    kv_indices = torch.empty(l_fb_seq_lens_sum, dtype=torch.int32, device=device(type='cuda'))   # [s0]
+    torch.ops.syncfree.kv_indices(kv_indices, l_fb_req_to_token, l_fb_req_pool_indices, l_fb_seq_lens, kv_indptr)
+    out = torch.ops.mylib.flat_attention(q, k, v, kv_indices, kv_indptr, l_fb_seq_lens)
+
+After (max_context_len=4096, B = 8):
+
+    kv_indices = torch.empty(32768, dtype=torch.int32, device=device(type='cuda'))   # [B * 4096]
+    _assert_async_msg = ...(all(0 <= l_fb_seq_lens <= 4096), ...)                    # checked
+    torch.ops.syncfree.kv_indices(kv_indices, ...)                                  # unchanged
+    out = torch.ops.mylib.flat_attention(q, k, v, kv_indices, kv_indptr, l_fb_seq_lens)
+
+The proof is the flat-buffer family's (rules/flat_buffer.py): every use of the int is the size of a 1-D buffer
+that one registered writer fills through an indptr of the declared lengths and only registered readers read
+through it. The writer writes [indptr[b], indptr[b] + len_b) whatever the buffer's size, so a buffer at least as
+large as the sum holds what eager's held; the declaration says which lengths the sum is of (the rewrite's
+correctness does not rest on the int's value: nothing reads the buffer's size). Anything else keeps the int.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx
+
+from .._compat import example_value, placeholder_source_name
+from ..find_sync_points import SyncPoint, attribute_name
+from ..fx_util import code_line, node_location
+from ..normalize import INT_DTYPES, dtype_of
+from ..proof import ProofContext, Unsafe, declare_reasons
+from . import Option, register_rule
+from .flat_buffer import BufferWalk, assert_lengths_within, resize_buffers
+
+RULE = "host_sums"
+
+REASONS = declare_reasons(RULE, {
+    "host_sum_lengths": "the lengths a declared host sum adds up are not a 1-D int input of the graph beside it",
+})
+
+
+def _check_host_sums(name, value):
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TypeError(f"options['{name}'] must map a host int's attribute name to the lengths it sums, e.g. "
+                        "{'seq_lens_sum': 'seq_lens'}, got " + repr(value))
+    return tuple(sorted(value.items()))
+
+
+def _sibling(source: str, attr: str, other: str) -> list[str]:
+    """The source names of `other` on the object that holds `attr` (`L['fb'].x` -> `L['fb'].other`)."""
+    if source.endswith(f".{attr}"):
+        return [source[: -len(attr)] + other]
+    if source.endswith(f"['{attr}']"):
+        return [source[: -len(attr) - 4] + f"['{other}']"]
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSumPlan:
+    point: SyncPoint
+    bound: int  # max_context_len: every length within [0, bound], so the sum <= B * bound
+    lengths: torch.fx.Node  # the declared lengths (a graph input): B is its size(0)
+    buffers: tuple
+    touches: frozenset
+    disjoint: frozenset
+
+
+@register_rule
+class HostSums:
+    """A declared host sum of lengths sizing a flat buffer that registered writers and readers use through an
+    indptr of those lengths: the static total B x max_context_len."""
+
+    name = RULE
+    options = {"host_sums": Option(None, _check_host_sums,
+                                   "{host int attribute: lengths attribute}: the int equals the sum of those "
+                                   "lengths (SGLang's {'seq_lens_sum': 'seq_lens'}); a flat buffer it sizes gets "
+                                   "the static size B x max_context_len")}
+
+    def find(self, graph: torch.fx.Graph, ctx: ProofContext) -> list[SyncPoint]:
+        declared = dict(ctx.options.rule_option("host_sums") or ())
+        if not declared:
+            return []
+        inputs = {placeholder_source_name(n): n for n in graph.nodes if n.op == "placeholder"}
+        points = []
+        for source, node in inputs.items():
+            attr = attribute_name(source)
+            if attr not in declared or not isinstance(example_value(node), torch.SymInt) or not node.users:
+                continue  # a specialised int is a constant of the graph: nothing depends on it at run time
+            lengths = next((inputs[s] for s in _sibling(source, attr, declared[attr]) if s in inputs), None)
+            first = min(node.users, key=ctx.index)
+            points.append(SyncPoint("host_sum", node, [node], lengths, False, node_location(first), code_line(first),
+                                    "host_sum", kept_note="a host int: no device sync"))
+        return points
+
+    def match(self, read: SyncPoint) -> bool:
+        return read.reduction == "host_sum"
+
+    def prove(self, read: SyncPoint, ctx: ProofContext) -> HostSumPlan:
+        attr = attribute_name(placeholder_source_name(read.value))
+        lengths = read.source
+        value = example_value(lengths) if lengths is not None else None
+        if lengths is None or dtype_of(lengths) not in INT_DTYPES or getattr(value, "ndim", 0) != 1:
+            wanted = dict(ctx.options.rule_option("host_sums"))[attr]
+            raise Unsafe("host_sum_lengths", f"options['host_sums'] declares {attr} = sum({wanted}), but {wanted} "
+                                             "is not a 1-D int32/int64 input of this graph on the same object")
+        if ctx.options.max_context_len is None:
+            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
+                                     "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
+        walk = BufferWalk(read, ctx, ctx.options.max_context_len)
+        walk.follow_total(read.value)
+        if not walk.buffers:
+            raise Unsafe("nothing_to_rewrite", f"{attr} sizes no allocation: nothing to rewrite")
+        touches = {read.value} | {b.alloc for b in walk.buffers}
+        return HostSumPlan(read, walk.bound, walk.root, tuple(walk.buffers), frozenset(touches),
+                           frozenset(walk.disjoint))
+
+    def rewrite(self, plan: HostSumPlan, graph: torch.fx.Graph, options) -> str:
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min((b.alloc for b in plan.buffers), key=order.get)
+        if options.checked:
+            assert_lengths_within(graph, plan, first, "the declared host sum")
+        parts = resize_buffers(graph, plan, first, plan.point.value)
+        if options.checked:
+            parts.append("lengths asserted on the device")
+        return "rewritten: " + "; ".join(parts)  # the int stays a graph input, unused: a host value, no sync
