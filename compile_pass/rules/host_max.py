@@ -213,11 +213,13 @@ class HostMaxWalk:
 
     Hooks (override in a rule's walk):
         page_counts = False               whether `(m + c + ps - 1) // ps` is a use this rule understands
+        host_checks = {"upper", "lower"}  which asserted checks on m it keeps on the device (others: kept max)
         on_page_count(count, ps, extra)   a page count with `extra` = the net offset past it (>= 0)
         on_use(user, node, offset)        any other use; True when the rule accepts it, else False
     """
 
     page_counts = False
+    host_checks = frozenset({"upper", "lower"})
 
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
         self.point, self.ctx, self.bound = point, ctx, bound
@@ -280,7 +282,7 @@ class HostMaxWalk:
     def is_host_check(self, compare: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
         """`m + c <= T` / `m + c >= k` feeding only asserts: kept, exactly, over the values of the max."""
         bound = asserted_bound(compare, node)
-        if bound is None:
+        if bound is None or bound[0] not in self.host_checks:
             return False
         kind, k = bound
         values = self.source_root
