@@ -14,6 +14,7 @@ known to emit it where that matters (Dynamo moves them between releases):
                   (+ device copies); narrowing ones (int64 -> int32) only where a range is known (lengths);
                   x[:n] with n the rows of x (identity slice)
     x + k         x + k | k + x | x.add(k) | torch.add(x, k) | x - k | x.sub(k)           (int tensor, int k)
+    floor at 0    x.clamp(min=0) | x.clamp(0) | x.clamp_min(0) | torch.clamp(x, min=0) | torch.clamp_min(x, 0)
   host-int arithmetic (the max as a host int m)
     m + c         m + c | c + m | m - c | torch.sym_sum([m, c, ..]) (Dynamo's `m + 63` on 2.13+) -> +c / -c
     page count    (m + c + ps - 1) // ps                                              -> ps, c
@@ -278,6 +279,27 @@ def constant_add(node):
         if isinstance(x, torch.fx.Node) and is_int_constant(k):
             return x, k
     return None
+
+
+def floored_at_zero(node):
+    """x for `x.clamp(min=0)`, `x.clamp(0)`, `x.clamp_min(0)`, `torch.clamp(x, min=0)`, `torch.clamp_min(x, 0)`
+    on an int tensor (no upper clamp): max(x, 0), SGLang's `(seq_lens - k).clamp_min(0)`; else None."""
+    if not isinstance(node, torch.fx.Node) or dtype_of(node) not in INT_DTYPES or not node.args:
+        return None
+    method = node.op == "call_method" and node.target in ("clamp", "clamp_min")
+    function = node.op == "call_function" and node.target in (torch.clamp, torch.clamp_min)
+    if not (method or function):
+        return None
+    name = node.target if method else node.target.__name__
+    rest = list(node.args[1:])
+    low = rest[0] if rest else node.kwargs.get("min")
+    high = rest[1] if len(rest) > 1 else node.kwargs.get("max")
+    if name == "clamp_min" and not rest:
+        low = node.kwargs.get("min")
+    if low != 0 or not is_int_constant(low) or high is not None or any(k not in ("min", "max") for k in node.kwargs):
+        return None
+    source = node.args[0]
+    return source if isinstance(source, torch.fx.Node) else None
 
 
 # -- host-int arithmetic: the max as a host int m -------------------------------------------------------------

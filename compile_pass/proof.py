@@ -17,7 +17,7 @@ from ._compat import example_value, fake_mode_of
 from .consumers import bind_arguments
 from .fx_util import argument_names, flat_tensors, node_location
 from .mutations import WriteLog
-from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, strip_kept_values
+from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, strip_kept_values
 
 class DuplicateReason(RuntimeError):
     """Two owners declare the same reason code: raised at import, so a copied code never ships."""
@@ -117,6 +117,11 @@ class LengthsRelation:
     chain: tuple[torch.fx.Node, ...]
     offset: int
     via_mirror: bool  # root is the CPU mirror / device twin of the reduction's source, not the source
+    # lengths = max(exact, 0) where exact = values + exact_offset (`(seq_lens - 1).clamp_min(0)`): then `offset`
+    # (max(exact_offset, 0)) is only an upper bound, each length at most its value + offset and at least 0
+    clamped: bool = False
+    exact: torch.fx.Node | None = None  # the clamp's input (None: the lengths are exact)
+    exact_offset: int = 0
 
 
 class ProofContext:
@@ -159,11 +164,17 @@ class ProofContext:
     def relate_lengths(self, source: torch.fx.Node, lengths, who: str) -> LengthsRelation:
         """How the consumer's `lengths` relate to the values `source` holds: the same values through value-keeping
         casts (narrowing included: lengths are within the bound, which the device check verifies on the wide
-        values), constant adds, or the declared mirror pair. Unsafe otherwise. Writes are the caller's to check."""
+        values), constant adds, one floor at 0 outside them (an upper-bound relation: `clamped`), or the declared
+        mirror pair. Unsafe otherwise. Writes are the caller's to check."""
         if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
             raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
         source_root, _ = strip_kept_values(source, allow_moves=True, allow_narrowing=True)
         node, k, chain = lengths, 0, []
+        top, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
+        exact = floored_at_zero(top)
+        if exact is not None:  # one floor at 0, outside the constant adds: max(values + k, 0)
+            chain += [*passed, top]
+            node = exact
         while True:
             root, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
             chain += passed
@@ -181,6 +192,8 @@ class ProofContext:
                 raise Unsafe("lengths_differ",
                              f"{who} ({lengths.name}) does not hold the values the max was taken over "
                              f"({source.name}): the bound would not guard it")
+        if exact is not None:
+            return LengthsRelation(lengths, root, tuple(chain), max(k, 0), via_mirror, True, exact, k)
         return LengthsRelation(lengths, root, tuple(chain), k, via_mirror)
 
 

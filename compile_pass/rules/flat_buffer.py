@@ -223,7 +223,7 @@ class BufferWalk:
             rel = self.ctx.relate_lengths(self.point.source, lengths, f"the cumsum of {facts.name}'s {facts.indptr}")
         except Unsafe as e:
             raise Unsafe("indptr_differs", e.message) from None
-        if rel.offset != 0:
+        if rel.offset != 0 or rel.clamped:
             raise Unsafe("indptr_differs", f"{facts.name}'s {facts.indptr} is the cumulative sum of the summed "
                                            f"lengths + {rel.offset}: it does not end at the sum")
         return rel, [indptr, *nodes]
@@ -249,7 +249,8 @@ class BufferWalk:
         self.check_windows(node, facts, [rel, indptr_rel], indptr_nodes)
         self.check_outputs_keep(node, facts, facts.out, args)
         # The summed values as the writer's device holds them: before narrowing casts and constant adds.
-        wide, _ = strip_kept_values(rel.lengths, allow_moves=False, allow_narrowing=True)
+        wide, _ = strip_kept_values(rel.exact if rel.clamped else rel.lengths, allow_moves=False,
+                                    allow_narrowing=True)
         while constant_add(wide) is not None:
             wide, _ = strip_kept_values(constant_add(wide)[0], allow_moves=False, allow_narrowing=True)
         return wide

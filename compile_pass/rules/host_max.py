@@ -330,7 +330,10 @@ class HostMaxWalk:
             mirror = rel.root if rel.root in self.ctx.mirrors else self.source_root
             self.ctx.check_no_writes(user, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",
                                      None, self.disjoint, allowed_writers=allowed)
-        self.lengths_uses.append(LengthsUse(rel.lengths, rel.offset, self.bound, user))
+        if rel.clamped:  # max(values + k, 0): the values are asserted through the clamp's input
+            self.lengths_uses.append(LengthsUse(rel.exact, rel.exact_offset, self.bound, user))
+        else:
+            self.lengths_uses.append(LengthsUse(rel.lengths, rel.offset, self.bound, user))
 
     # -- what every plan of the family touches ---------------------------------------------------------------
     def shared_touches(self) -> set:
