@@ -1,16 +1,22 @@
-"""The pass on Dynamo graphs (no Inductor): rewrites, proofs, kept cases, reports."""
+"""The page-table rule (rules/page_table.py): its forms (every gather spelling, offsets, tolist and CPU-mirror
+maxes, gpt-fast's `block_table[:B, :n]`, lengths spelled `seq_lens - 1 + 1`, per-site bounds (`length_bounds`),
+identity slices) and its refusals, each kept with eager's result. Each compiled step is compared with eager
+(pass-only backend: no Inductor)."""
+
+from __future__ import annotations
 
 import pytest
 import torch
 
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
-from compile_pass import SyncRemainsError
 from consumers_for_tests import SEEN_BOUNDS
 from passlib import make_fb, make_qkv, run
 
 MCL = 64
+SUM = torch.ops.syncfree_test.bounded_sum
 LENGTH_SETS = ([3, 9, 5], [1, 17, 64], [12, 12, 0])
+
 
 
 def item_targets(backend):
@@ -158,7 +164,7 @@ def test_unsafe_uses_are_kept_with_eager_results(name):
     assert report.rewritten == [] and len(report.kept) == 1, str(report)
     item = report.kept[0]
     assert reason in item.reason, item.reason
-    assert item.location.startswith("test_pass.py:") and item.host_sync
+    assert item.location.startswith("test_page_table.py:") and item.host_sync
     assert item_targets(backend) == ["item"]
 
 
@@ -184,105 +190,6 @@ def test_option_page_size_must_match_the_gather():
     assert "differs from options['page_size']=16" in backend.report.kept[0].reason
 
 
-def test_report_renders_and_serialises():
-    fn, _ = _unsafe_cases()["returns_table"]
-    _, backend, _ = run(fn, make_fb([3, 9]), max_context_len=MCL)
-    text = str(backend.report)
-    assert "kept" in text and "test_pass.py:" in text and "1 still a host sync" in text
-    data = backend.report.to_dict()
-    assert data["syncs_remaining"] == 1 and data["kept"][0]["kind"] == "item"
-
-
-def test_strict_raises_listing_each_kept_line():
-    fn, _ = _unsafe_cases()["returns_table"]
-    compiled = compile_pass.compile(fn, max_context_len=MCL, strict=True, fullgraph=True)
-    with pytest.raises(Exception) as info:
-        compiled(make_fb([3, 9]))
-    err = info.value
-    while not isinstance(err, SyncRemainsError) and err.__cause__ is not None:
-        err = err.__cause__
-    assert isinstance(err, SyncRemainsError)
-    assert "test_pass.py:" in str(err) and err.items[0].kind == "item"
-
-
-def test_broken_pass_falls_back_to_the_untouched_graph(monkeypatch):
-    from compile_pass.sync_pass import SyncPass
-
-    def broken(self, gm):
-        raise RuntimeError("deliberately broken")
-
-    monkeypatch.setattr(SyncPass, "__call__", broken)
-    fn, _ = _unsafe_cases()["returns_max"]
-    fb = make_fb([3, 9])
-    compiled = torch.compile(fn, backend="syncfree", options={"max_context_len": MCL}, fullgraph=True)
-    with compile_pass._compat.capture_scalar_outputs(), pytest.warns(UserWarning, match="deliberately broken"):
-        out = compiled(fb)
-    torch.testing.assert_close(out[0], fn(fb)[0])
-    report = compile_pass.last_report()
-    assert report.fell_back and "deliberately broken" in report.notes[0]
-    torch._dynamo.reset()
-    strict = torch.compile(fn, backend="syncfree", options={"max_context_len": MCL, "strict": True})
-    with compile_pass._compat.capture_scalar_outputs(), pytest.raises(Exception, match="deliberately broken"):
-        strict(fb)
-
-
-def test_without_capture_scalar_outputs_the_report_names_the_graph_break():
-    def step(fb):
-        m = fb.seq_lens.max().item()
-        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
-
-    fb = make_fb([3, 9])
-    assert not compile_pass._compat.capture_scalar_outputs_enabled()
-    reports = []
-    import compile_pass.backend as backend_module
-
-    original = backend_module.set_last_report
-    try:
-        backend_module.set_last_report = lambda r: (reports.append(r), original(r))
-        with pytest.warns(UserWarning):
-            out = torch.compile(step, backend="syncfree", options={"max_context_len": MCL})(fb)
-    finally:
-        backend_module.set_last_report = original
-    torch.testing.assert_close(out, step(fb))
-    first = reports[0]
-    assert any("capture_scalar_outputs" in n for n in first.notes)
-    assert first.kept and "graph break at .item()" in first.kept[0].reason
-
-
-def test_option_validation_names_the_option():
-    from compile_pass.options import SyncfreeOptions
-
-    for bad, name in (({"max_context_len": 0}, "max_context_len"), ({"page_size": "4"}, "page_size"),
-                      ({"strict": "yes"}, "strict"), ({"cpu_mirrors": {"a": 1}}, "cpu_mirrors")):
-        with pytest.raises((TypeError, ValueError), match=name):
-            SyncfreeOptions.from_dict(bad)
-    with pytest.raises(ValueError, match="max_context_len"):
-        compile_pass.compile(lambda x: x, max_context_len=-1)
-
-
-def test_registry_rejects_unknown_argument_names():
-    with pytest.raises(ValueError, match="lengths='seqlens'"):
-        compile_pass.register_self_guarding_consumer("syncfree::paged_decode", page_table="page_table",
-                                                     lengths="seqlens")
-    with pytest.raises(ValueError, match="not a registered torch op"):
-        compile_pass.register_self_guarding_consumer("nope::missing", upper_bounds=())
-    with pytest.raises(TypeError):
-        compile_pass.register_self_guarding_consumer(len)
-
-
-def test_uuid_changes_with_every_option():
-    from compile_pass.options import SyncfreeOptions
-    from compile_pass.post_grad_check import SyncFreeCheck
-
-    variants = [{}, {"max_context_len": 64}, {"max_context_len": 128}, {"page_size": 16}, {"strict": True},
-                {"checked": False}, {"cudagraphs": True}, {"cpu_mirrors": {"a_cpu": "a"}},
-                {"max_autotune": True}]
-    uuids = {SyncFreeCheck(SyncfreeOptions.from_dict(v).fingerprint()).uuid() for v in variants}
-    assert len(uuids) == len(variants)
-    same = SyncFreeCheck(SyncfreeOptions.from_dict({"max_context_len": 64}).fingerprint()).uuid()
-    assert same in uuids  # deterministic
-
-
 def test_mirror_upload_feeding_a_rewritten_consumer_reads_the_twin():
     """`seq_lens_cpu.to(device)` as a rewritten consumer's lengths becomes the device twin (meta stands in for
     CUDA here; the GPU test does it on CUDA)."""
@@ -302,31 +209,6 @@ def test_mirror_upload_feeding_a_rewritten_consumer_reads_the_twin():
     assert "device twin l_fb_seq_lens" in backend.report.rewritten[0].reason
     used = {n.name for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder" and n.users}
     assert "l_fb_seq_lens_cpu" not in used
-
-
-def test_mirror_upload_elsewhere_is_not_renamed():
-    """A mirror is trusted only for the rewrite that needs it: other uploads stay (shapes may even differ)."""
-
-    def step(fb, positions_cpu, positions):
-        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum(), positions_cpu.to("meta") * 2
-
-    fb = make_fb([3, 9])
-    fb.seq_lens = fb.seq_lens.to("meta")
-    positions_cpu, positions = torch.arange(3), torch.arange(4).to("meta")
-    (a, b), backend, _ = run(step, fb, positions_cpu, positions, max_context_len=MCL)
-    assert a.shape == (2,) and b.shape == (3,)  # eager's shapes: nothing was swapped for its "twin"
-    assert backend.report.rewritten == []
-    assert all("is copied to meta" in i.reason for i in backend.report.kept) and len(backend.report.kept) == 2
-
-
-def test_used_host_copy_is_kept_and_reported():
-    def step(x):
-        return x.cpu() * 2
-
-    out, backend, _ = run(step, torch.arange(3.0), max_context_len=MCL)
-    assert torch.equal(out, torch.arange(3.0) * 2)
-    kept = backend.report.kept
-    assert [i.kind for i in kept] == ["cpu_copy"] and "host copy is used" in kept[0].reason
 
 
 def test_checked_option_trips_the_device_assertion_past_the_bound():
@@ -358,23 +240,157 @@ def test_upper_bound_of_a_consumer_without_lengths_is_kept():
         compile_pass.unregister_self_guarding_consumer("syncfree_test::unguarded_sum")
 
 
-def test_a_rewrite_that_leaves_a_host_read_is_not_counted_as_removed(monkeypatch):
-    """The report counts what is really left: were the proof to miss a second use of a list element, the
-    `.item()` that stays is reported, and strict would see it."""
-    from compile_pass.rules.page_table import _Walk
+# -- newer forms: gpt-fast's block table, lengths spelled otherwise, per-site bounds -----------------------
 
-    monkeypatch.setattr(_Walk, "check_tolist_elements", lambda self: None)
 
+def compare(step, args_of, vectors, **options):
+    out, backend, compiled = run(step, *args_of(vectors[0]), max_context_len=MCL, **options)
+    torch.testing.assert_close(out, step(*args_of(vectors[0])))
+    for lengths in vectors[1:]:
+        with compile_pass._compat.capture_scalar_outputs():
+            torch.testing.assert_close(compiled(*args_of(lengths)), step(*args_of(lengths)))
+    return backend
+
+
+def test_block_table_rows_by_a_slice_gpt_fast():
+    """gpt-fast's block table: rows [0, B) by a slice and a page count, not an index tensor."""
+    ps = 4
+
+    def step(q, k, v, block_table, lens):
+        m = lens.max().item()
+        n = (m + ps - 1) // ps
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt, lens.to(torch.int32))
+
+    gen = torch.Generator().manual_seed(3)
+    block_table = torch.randperm(6 * 16, generator=gen).view(6, 16).to(torch.int32)
+
+    def args(lengths):
+        q, k, v = make_qkv(len(lengths), page_size=ps, num_pages=96)
+        return q, k, v, block_table, torch.tensor(lengths)
+
+    backend = compare(step, args, [[3, 9, 5], [30, 1, 0], [64, 2, 7], [12, 12, 12]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+    assert "width 16" in backend.report.rewritten[0].reason
+
+
+def test_lengths_spelled_minus_one_plus_one():
     def step(fb):
-        values = fb.seq_lens.tolist()
-        m = max(values)
-        t = fb.req_to_token[fb.req_pool_indices, :m]
-        return torch.ops.syncfree_test.bounded_sum(t, fb.seq_lens, 1, m) + values[0]
+        m = fb.seq_lens.max().item()
+        lens = fb.seq_lens - 1 + 1
+        return SUM(fb.req_to_token[fb.req_pool_indices, :m], lens, 1, m)
 
-    fb = make_fb([3, 9, 5])
-    out, backend, _ = run(step, fb, max_context_len=MCL)
-    torch.testing.assert_close(out, step(fb))
-    report = backend.report
-    assert report.rewritten and report.syncs_remaining == 1
-    assert report.kept[0].reason == "kept: still in the graph after the rewrite"
-    assert item_targets(backend) == ["item"]
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [0, 64, 1]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+
+
+def test_lengths_below_the_values_the_max_covers_are_fine():
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens - 2, 1, m)
+
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [0, 64, 1]])
+    assert backend.report.rewritten, str(backend.report)
+
+
+class VerifyBatch:
+    def __init__(self, lengths, verify):
+        fb = make_fb(lengths)
+        self.req_to_token, self.req_pool_indices, self.seq_lens = fb.req_to_token, fb.req_pool_indices, fb.seq_lens
+        self.verify_lens = torch.tensor(verify, dtype=torch.int64)
+
+
+def _verify_step(b):
+    lens = b.seq_lens + b.verify_lens  # a max over this reaches max_context_len + the draft tokens
+    m = lens.max().item()
+    return SUM(b.req_to_token[b.req_pool_indices, :m], lens, 1, m)
+
+
+def test_a_max_over_a_sum_needs_a_declared_bound_for_the_other_operand():
+    backend = compare(_verify_step, lambda v: (VerifyBatch(v, [4, 0, 2]),), [[3, 9, 5], [60, 1, 2]])
+    assert [i.reason_code for i in backend.report.kept] == ["unbounded_operand"], str(backend.report)
+    assert "length_bounds" in backend.report.kept[0].reason
+
+
+def test_the_per_site_bound_adds_the_declared_bound():
+    backend = compare(_verify_step, lambda v: (VerifyBatch(v, [4, 0, 2]),), [[3, 9, 5], [60, 1, 2], [58, 64, 0]],
+                      length_bounds={"verify_lens": 4})
+    (item,) = backend.report.rewritten
+    assert "bound 68 (max_context_len=64 + length_bounds['verify_lens']=4)" in item.reason, item.reason
+    assert "max_seqlen_k -> 68" in item.reason
+
+
+def test_the_device_check_holds_lengths_to_the_per_site_bound():
+    """checked (the default): a sum past max_context_len + the declared bound raises on the device."""
+    out, backend, compiled = run(_verify_step, VerifyBatch([3, 9, 5], [4, 0, 2]), max_context_len=MCL,
+                                 length_bounds={"verify_lens": 4})
+    assert backend.report.rewritten
+    with compile_pass._compat.capture_scalar_outputs(), pytest.raises(RuntimeError, match="static bound"):
+        compiled(VerifyBatch([66, 1, 2], [4, 0, 2]))
+
+
+# -- identity slices: `t[:B]` with B the rows of t is t itself (SGLang's seq_lens_cpu[:bs], block_kv_indices[:bs])
+PS = 4
+
+
+def _block_table_args(lengths, rows=None):
+    gen = torch.Generator().manual_seed(5)
+    block_table = torch.randperm(8 * 16, generator=gen).view(8, 16).to(torch.int32)
+    q, k, v = make_qkv(len(lengths), page_size=PS, num_pages=128)
+    return q, k, v, block_table, torch.tensor(lengths)
+
+
+def test_identity_slices_of_the_lengths_and_of_the_table_are_seen_through():
+    def step(q, k, v, block_table, lens):
+        bs = lens.shape[0]
+        m = lens[:bs].max().item()  # the whole tensor: bs is its size
+        n = (m + PS - 1) // PS
+        bt = block_table[:bs, :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt[:bs], lens.to(torch.int32))
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 0], [64, 2, 7]])
+    assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+
+
+def test_a_shorter_prefix_of_the_lengths_keeps_the_max():
+    """The max over lens[:2] of 3 rows does not bound row 2, which the consumer reads: kept, never rewritten."""
+    def step(q, k, v, block_table, lens):
+        m = lens[:2].max().item()
+        n = (m + PS - 1) // PS
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q, k, v, bt, lens.to(torch.int32))  # reads row 2 by its length
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 60], [64, 2, 7]])
+    assert [i.reason_code for i in backend.report.kept] == ["lengths_differ"], str(backend.report)
+
+
+def test_a_shorter_row_slice_of_the_table_is_not_an_identity():
+    """`bt[:2]` of a 3-row table is two rows: it is not the table, so the table reaches something that is not a
+    consumer and the max is kept."""
+    def step(q, k, v, block_table, lens):
+        m = lens.max().item()
+        n = (m + PS - 1) // PS
+        bt = block_table[: lens.shape[0], :n]
+        return torch.ops.syncfree.paged_decode(q[:2], k, v, bt[:2], lens[:2].to(torch.int32))
+
+    backend = compare(step, _block_table_args, [[3, 9, 5], [30, 1, 0]])
+    assert [i.reason_code for i in backend.report.kept] == ["table_use"], str(backend.report)
+
+
+def test_identity_slice_recognises_only_whole_prefixes():
+    from compile_pass.normalize import is_identity_slice
+
+    seen = {}
+
+    def backend(gm, example_inputs):
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target.__name__ == "getitem":
+                seen[str(n.args[1])] = is_identity_slice(n)
+        return gm.forward
+
+    def f(x):
+        return x[:3] + 1, x[0:3] * 2, x[:2], x[1:3], x[:3:2], x[:]
+
+    torch.compile(f, backend=backend, fullgraph=True)(torch.arange(3))
+    assert seen == {"slice(None, 3, None)": True, "slice(0, 3, None)": True, "slice(None, 2, None)": False,
+                    "slice(1, 3, None)": False, "slice(None, 3, 2)": False, "slice(None, None, None)": True}, seen

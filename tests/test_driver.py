@@ -1,0 +1,177 @@
+"""The driver (sync_pass.py) and what it hands the backend: the report (rendered, serialised, strict), the
+fallback to the untouched graph, graph breaks, mirror uploads and host copies it keeps, reads left after a
+rewrite; the rule registry and the consumer registry. Pass-only backend unless a test says otherwise."""
+
+import pytest
+import torch
+
+import compile_pass
+import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
+from compile_pass import SyncRemainsError, rules
+from compile_pass.options import OptionError, SyncfreeOptions
+from passlib import make_fb, run
+
+MCL = 64
+
+
+def item_targets(backend):
+    return [t for t in backend.targets() if t == "item"]
+
+
+def returns_max(fb):
+    m = fb.seq_lens.max().item()
+    return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m), m
+
+
+def returns_table(fb):
+    m = fb.seq_lens.max().item()
+    return fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+
+
+
+def test_report_renders_and_serialises():
+    fn = returns_table
+    _, backend, _ = run(fn, make_fb([3, 9]), max_context_len=MCL)
+    text = str(backend.report)
+    assert "kept" in text and "test_driver.py:" in text and "1 still a host sync" in text
+    data = backend.report.to_dict()
+    assert data["syncs_remaining"] == 1 and data["kept"][0]["kind"] == "item"
+
+
+def test_strict_raises_listing_each_kept_line():
+    fn = returns_table
+    compiled = compile_pass.compile(fn, max_context_len=MCL, strict=True, fullgraph=True)
+    with pytest.raises(Exception) as info:
+        compiled(make_fb([3, 9]))
+    err = info.value
+    while not isinstance(err, SyncRemainsError) and err.__cause__ is not None:
+        err = err.__cause__
+    assert isinstance(err, SyncRemainsError)
+    assert "test_driver.py:" in str(err) and err.items[0].kind == "item"
+
+
+def test_broken_pass_falls_back_to_the_untouched_graph(monkeypatch):
+    from compile_pass.sync_pass import SyncPass
+
+    def broken(self, gm):
+        raise RuntimeError("deliberately broken")
+
+    monkeypatch.setattr(SyncPass, "__call__", broken)
+    fn = returns_max
+    fb = make_fb([3, 9])
+    compiled = torch.compile(fn, backend="syncfree", options={"max_context_len": MCL}, fullgraph=True)
+    with compile_pass._compat.capture_scalar_outputs(), pytest.warns(UserWarning, match="deliberately broken"):
+        out = compiled(fb)
+    torch.testing.assert_close(out[0], fn(fb)[0])
+    report = compile_pass.last_report()
+    assert report.fell_back and "deliberately broken" in report.notes[0]
+    torch._dynamo.reset()
+    strict = torch.compile(fn, backend="syncfree", options={"max_context_len": MCL, "strict": True})
+    with compile_pass._compat.capture_scalar_outputs(), pytest.raises(Exception, match="deliberately broken"):
+        strict(fb)
+
+
+def test_without_capture_scalar_outputs_the_report_names_the_graph_break():
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+    fb = make_fb([3, 9])
+    assert not compile_pass._compat.capture_scalar_outputs_enabled()
+    reports = []
+    import compile_pass.backend as backend_module
+
+    original = backend_module.set_last_report
+    try:
+        backend_module.set_last_report = lambda r: (reports.append(r), original(r))
+        with pytest.warns(UserWarning):
+            out = torch.compile(step, backend="syncfree", options={"max_context_len": MCL})(fb)
+    finally:
+        backend_module.set_last_report = original
+    torch.testing.assert_close(out, step(fb))
+    first = reports[0]
+    assert any("capture_scalar_outputs" in n for n in first.notes)
+    assert first.kept and "graph break at .item()" in first.kept[0].reason
+
+
+def test_registry_rejects_unknown_argument_names():
+    with pytest.raises(ValueError, match="lengths='seqlens'"):
+        compile_pass.register_self_guarding_consumer("syncfree::paged_decode", page_table="page_table",
+                                                     lengths="seqlens")
+    with pytest.raises(ValueError, match="not a registered torch op"):
+        compile_pass.register_self_guarding_consumer("nope::missing", upper_bounds=())
+    with pytest.raises(TypeError):
+        compile_pass.register_self_guarding_consumer(len)
+
+
+def test_mirror_upload_elsewhere_is_not_renamed():
+    """A mirror is trusted only for the rewrite that needs it: other uploads stay (shapes may even differ)."""
+
+    def step(fb, positions_cpu, positions):
+        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum(), positions_cpu.to("meta") * 2
+
+    fb = make_fb([3, 9])
+    fb.seq_lens = fb.seq_lens.to("meta")
+    positions_cpu, positions = torch.arange(3), torch.arange(4).to("meta")
+    (a, b), backend, _ = run(step, fb, positions_cpu, positions, max_context_len=MCL)
+    assert a.shape == (2,) and b.shape == (3,)  # eager's shapes: nothing was swapped for its "twin"
+    assert backend.report.rewritten == []
+    assert all("is copied to meta" in i.reason for i in backend.report.kept) and len(backend.report.kept) == 2
+
+
+def test_used_host_copy_is_kept_and_reported():
+    def step(x):
+        return x.cpu() * 2
+
+    out, backend, _ = run(step, torch.arange(3.0), max_context_len=MCL)
+    assert torch.equal(out, torch.arange(3.0) * 2)
+    kept = backend.report.kept
+    assert [i.kind for i in kept] == ["cpu_copy"] and "host copy is used" in kept[0].reason
+
+
+def test_a_rewrite_that_leaves_a_host_read_is_not_counted_as_removed(monkeypatch):
+    """The report counts what is really left: were the proof to miss a second use of a list element, the
+    `.item()` that stays is reported, and strict would see it."""
+    from compile_pass.rules.page_table import _Walk
+
+    monkeypatch.setattr(_Walk, "check_tolist_elements", lambda self: None)
+
+    def step(fb):
+        values = fb.seq_lens.tolist()
+        m = max(values)
+        t = fb.req_to_token[fb.req_pool_indices, :m]
+        return torch.ops.syncfree_test.bounded_sum(t, fb.seq_lens, 1, m) + values[0]
+
+    fb = make_fb([3, 9, 5])
+    out, backend, _ = run(step, fb, max_context_len=MCL)
+    torch.testing.assert_close(out, step(fb))
+    report = backend.report
+    assert report.rewritten and report.syncs_remaining == 1
+    assert report.kept[0].reason == "kept: still in the graph after the rewrite"
+    assert item_targets(backend) == ["item"]
+
+
+# -- the rule registry -------------------------------------------------------------------------------------
+
+
+def test_rules_are_registered_with_their_options():
+    names = [r.name for r in rules.registered_rules()]
+    assert names[:3] == ["allocated_table", "indptr_bound", "page_table"]  # the narrower rules first: the first match proves
+    assert "length_bounds" in rules.declared_options()
+    assert len(rules.rules_fingerprint()) == 64
+    opts = SyncfreeOptions.from_dict({"max_context_len": 8, "length_bounds": {"verify_lens": 3}})
+    assert opts.rule_option("length_bounds") == (("verify_lens", 3),)
+    assert opts.to_dict()["length_bounds"] == {"verify_lens": 3}
+    with pytest.raises(OptionError, match="length_bounds"):
+        SyncfreeOptions.from_dict({"length_bounds": {"verify_lens": -1}})
+    with pytest.raises(OptionError, match="did you mean 'length_bounds'"):
+        SyncfreeOptions.from_dict({"length_bound": {"verify_lens": 3}})
+
+
+def test_every_kept_reason_code_is_declared():
+    from compile_pass.proof import REASONS, Unsafe
+
+    with pytest.raises(AssertionError):
+        Unsafe("not_a_code", "x")
+    assert {"written", "output_changes", "wide_table", "dynamic_width", "unbounded_operand",
+            "metadata_use", "graph_break"} <= set(REASONS)
