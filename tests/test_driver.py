@@ -151,6 +151,60 @@ def test_a_rewrite_that_leaves_a_host_read_is_not_counted_as_removed(monkeypatch
     assert item_targets(backend) == ["item"]
 
 
+# -- what the driver keeps, by reason code ------------------------------------------------------------------
+def kept_codes(fn, *args, **options):
+    out, backend, _ = run(fn, *args, max_context_len=MCL, **options)
+    return out, backend, [i.reason_code for i in backend.report.kept]
+
+
+def test_a_host_read_no_rule_matches_is_kept_with_no_rule():
+    def smallest(fb):
+        return fb.seq_lens * fb.seq_lens.min().item()  # a min, not a max or a sum: no rule applies
+
+    fb = make_fb([3, 9, 5])
+    out, backend, codes = kept_codes(smallest, fb)
+    torch.testing.assert_close(out, smallest(fb))
+    assert codes == ["no_rule"] and backend.report.kept[0].rule == "", str(backend.report)
+
+
+def test_a_used_host_copy_and_a_mirror_upload_carry_their_codes():
+    def copies(fb):
+        return fb.seq_lens_cpu.to("meta") + fb.seq_lens.sum(), fb.req_pool_indices.cpu() + 1
+
+    fb = make_fb([3, 9])
+    fb.seq_lens = fb.seq_lens.to("meta")
+    (_, host), backend, codes = kept_codes(copies, fb)
+    assert torch.equal(host, fb.req_pool_indices + 1)
+    assert sorted(zip(codes, (i.kind for i in backend.report.kept))) == \
+        [("host_copy_used", "cpu_copy"), ("mirror_upload", "cpu_mirror")], str(backend.report)
+
+
+def test_two_maxes_whose_plans_share_a_consumer_keep_the_second_with_overlap():
+    def two_maxes(fb):
+        m1 = fb.seq_lens.max().item()
+        m2 = fb.seq_lens.max().item()  # its plan edits the consumer that m1's plan rebuilds the table for
+        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m1], fb.seq_lens, 1, m2)
+
+    out, backend, codes = kept_codes(two_maxes, make_fb([3, 9, 5]))
+    torch.testing.assert_close(out, two_maxes(make_fb([3, 9, 5])))
+    assert codes == ["overlap"] and len(backend.report.rewritten) == 1, str(backend.report)
+
+
+def test_a_rewrite_that_leaves_its_read_in_the_graph_is_kept_with_still_in_graph(monkeypatch):
+    """Were a rule's rewrite to leave the host read where it was, the driver's recount keeps it (a rewrite that
+    does nothing stands in for that bug)."""
+    from compile_pass.rules.page_table import PageTableMax
+
+    monkeypatch.setattr(PageTableMax, "rewrite", lambda self, plan, graph, options: "did nothing")
+    def bounded(fb):
+        m = fb.seq_lens.max().item()
+        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+    out, backend, codes = kept_codes(bounded, make_fb([3, 9, 5]))
+    torch.testing.assert_close(out, bounded(make_fb([3, 9, 5])))
+    assert codes == ["still_in_graph"] and item_targets(backend) == ["item"], str(backend.report)
+
+
 # -- the rule registry -------------------------------------------------------------------------------------
 
 

@@ -317,6 +317,27 @@ def test_without_max_context_len_the_sum_is_kept():
     assert codes(backend) == ["no_bound"], str(backend.report)
 
 
+def test_the_sum_as_something_other_than_a_size_is_kept_with_sum_use():
+    def slice_end(fb, values):
+        n = fb.seq_lens.sum().item()
+        return values[:n].sum()  # the sum ends a slice: no allocation it sizes
+
+    backend = compare(slice_end, vectors_of(3, 4, seed=6))
+    assert codes(backend) == ["sum_use"], str(backend.report)
+
+
+def test_a_buffer_with_two_writers_is_kept_with_buffer_use():
+    def written_twice(fb, values):
+        lens = fb.seq_lens
+        indptr = F.pad(torch.cumsum(lens, 0), (1, 0))
+        kv_indices = torch.empty(lens.sum().item(), dtype=torch.int32)
+        for _ in range(2):
+            KV(kv_indices, fb.req_to_token, fb.req_pool_indices, lens, indptr)
+        return READ(values, kv_indices, indptr, lens)
+
+    backend = compare(written_twice, vectors_of(3, 4, seed=7))
+    assert codes(backend) == ["buffer_use"], str(backend.report)
+
 
 # -- the op, the registry, the driver --------------------------------------------------------------------------
 def test_kv_indices_op_writes_only_its_rows_and_never_out_of_bounds():

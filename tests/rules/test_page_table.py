@@ -394,3 +394,160 @@ def test_identity_slice_recognises_only_whole_prefixes():
     torch.compile(f, backend=backend, fullgraph=True)(torch.arange(3))
     assert seen == {"slice(None, 3, None)": True, "slice(0, 3, None)": True, "slice(None, 2, None)": False,
                     "slice(1, 3, None)": False, "slice(None, 3, 2)": False, "slice(None, None, None)": True}, seen
+
+
+# -- refusals by reason code: each step makes the rule keep the max with that code, and equals eager ----------
+def _clamped_below_the_bound(fb):
+    m = min(fb.seq_lens.max().item(), 10)  # min(m, 10) is not m for a max up to the bound: it must stay
+    return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+
+def _bound_minus_one(fb):
+    m = fb.seq_lens.max().item()
+    return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens - 1, 1, m - 1)
+
+
+def _max_as_the_page_size(fb):
+    m = fb.seq_lens.max().item()
+    return SUM(fb.req_to_token[fb.req_pool_indices, :20], fb.seq_lens, m, MCL)
+
+
+def _float_lengths(fb):
+    m = fb.seq_lens.max().item()
+    return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens.float(), 1, m)
+
+
+def _page_count_rounded_down(fb):
+    m = fb.seq_lens.max().item()
+    return SUM(fb.req_to_token[: fb.seq_lens.shape[0], : m // PS], fb.seq_lens, PS, m)
+
+
+def _float_token_table(fb):
+    m = fb.seq_lens.max().item()
+    return SUM(fb.req_to_token.float()[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+
+def _width_read(fb):
+    m = fb.seq_lens.max().item()
+    table = fb.req_to_token[fb.req_pool_indices, :m]
+    return SUM(table, fb.seq_lens, 1, m) * table.shape[1]
+
+
+def _width_checked(fb):
+    m = fb.seq_lens.max().item()
+    table = fb.req_to_token[fb.req_pool_indices, :m]
+    torch._check(table.shape[1] >= 2)  # a user's check on the width: true for some widths only
+    return SUM(table, fb.seq_lens, 1, m)
+
+
+def _strided_index_used_elsewhere(fb):
+    m = fb.seq_lens.max().item()
+    tokens = fb.req_to_token[fb.req_pool_indices, :m]
+    columns = torch.arange(0, tokens.shape[1], PS)
+    return SUM(tokens[:, columns] // PS, fb.seq_lens, PS, m), columns.sum()
+
+
+def _more_table_rows_than_lengths(fb):
+    m = fb.seq_lens.max().item()
+    rows = fb.req_pool_indices.repeat(3)  # 3 table rows for 1 length (the consumer broadcasts it)
+    return SUM(fb.req_to_token[rows, :m], fb.seq_lens, 1, m)
+
+
+def _table_only_returned(fb):
+    m = fb.seq_lens.max().item()
+    return fb.req_to_token[fb.req_pool_indices, :m:PS] // PS
+
+
+def _list_element_used(fb):
+    values = fb.seq_lens.tolist()
+    m = max(values)
+    return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m) + values[0]
+
+
+def _only_checked(fb):
+    m = fb.seq_lens.max().item()
+    torch._check(m <= MCL)
+    return fb.seq_lens * 2
+
+
+# code -> (step, length vectors (the first compiles), options)
+REFUSALS = {
+    "compared": (_clamped_below_the_bound, [[3, 9, 5], [7, 1, 10]], {}),
+    "subtracted": (_bound_minus_one, [[3, 9, 5], [7, 1, 30]], {}),
+    "not_an_upper_bound": (_max_as_the_page_size, [[3, 9, 5], [7, 1, 30]], {}),
+    "lengths_not_tensor": (_float_lengths, [[3, 9, 5], [7, 1, 30]], {}),
+    "page_count": (_page_count_rounded_down, [[3, 9, 5], [7, 1, 30]], {}),
+    "not_a_table": (_float_token_table, [[3, 9, 5], [7, 1, 30]], {}),
+    "table_size_read": (_width_read, [[3, 9, 5], [7, 1, 30]], {}),
+    "width_check": (_width_checked, [[3, 9, 5], [7, 2, 30]], {}),
+    "strided_index": (_strided_index_used_elsewhere, [[3, 9, 5], [7, 1, 30]], {}),
+    "mismatch": (_more_table_rows_than_lengths, [[9], [30]], {}),
+    "no_consumer": (_table_only_returned, [[3, 9, 5], [7, 1, 30]], {"static_escapes": True}),
+    "element_use": (_list_element_used, [[3, 9, 5], [7, 1, 30]], {}),
+    "nothing_to_rewrite": (_only_checked, [[3, 9, 5], [7, 1, 30]], {}),
+}
+
+
+@pytest.mark.parametrize("code", sorted(REFUSALS))
+def test_a_refused_use_keeps_the_max_with_its_code(code):
+    step, vectors, options = REFUSALS[code]
+    backend = compare(step, lambda v: (make_fb(v),), vectors, **options)
+    assert [i.reason_code for i in backend.report.kept] == [code], str(backend.report)
+    assert [i.rule for i in backend.report.kept] == ["page_table"] and not backend.report.rewritten
+
+
+@pytest.fixture
+def unguarded_with_an_upper_bound_only():
+    """syncfree_test::unguarded_sum registered with an upper bound, but no page-table or lengths argument."""
+    compile_pass.register_self_guarding_consumer("syncfree_test::unguarded_sum", upper_bounds=("max_seqlen_k",))
+    yield torch.ops.syncfree_test.unguarded_sum
+    compile_pass.unregister_self_guarding_consumer("syncfree_test::unguarded_sum")
+
+
+def test_an_upper_bound_without_lengths_is_kept_with_no_lengths_fact(unguarded_with_an_upper_bound_only):
+    unguarded = unguarded_with_an_upper_bound_only
+
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return unguarded(fb.req_to_token[fb.req_pool_indices, :20], fb.seq_lens, 1, m)
+
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [7, 1, 20]])
+    assert [i.reason_code for i in backend.report.kept] == ["no_lengths_fact"], str(backend.report)
+
+
+def test_a_table_into_a_consumer_without_a_table_argument_is_kept_with_table_argument(
+        unguarded_with_an_upper_bound_only):
+    unguarded = unguarded_with_an_upper_bound_only
+
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return unguarded(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, MCL)
+
+    backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [7, 1, 30]])
+    assert [i.reason_code for i in backend.report.kept] == ["table_argument"], str(backend.report)
+
+
+@torch.library.custom_op("syncfree_test::split_plan", mutates_args=())
+def split_plan(lens: torch.Tensor, max_seqlen_k: int) -> torch.Tensor:
+    """A scheduler-metadata producer (FA3's get_scheduler_metadata in miniature): a plan made for a bound."""
+    return (lens.clamp(min=0) + max_seqlen_k).to(torch.int32)
+
+
+@split_plan.register_fake
+def _(lens, max_seqlen_k):
+    return lens.new_empty(lens.shape, dtype=torch.int32)
+
+
+def test_scheduler_metadata_used_elsewhere_is_kept_with_metadata_use():
+    compile_pass.register_self_guarding_consumer("syncfree_test::split_plan", lengths="lens",
+                                                 upper_bounds=("max_seqlen_k",), feeds_metadata="scheduler_metadata")
+    try:
+        def step(fb):
+            m = fb.seq_lens.max().item()
+            plan = torch.ops.syncfree_test.split_plan(fb.seq_lens, m)
+            return SUM(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m), plan + 1  # not a consumer
+
+        backend = compare(step, lambda v: (make_fb(v),), [[3, 9, 5], [7, 1, 30]])
+        assert [i.reason_code for i in backend.report.kept] == ["metadata_use"], str(backend.report)
+    finally:
+        compile_pass.unregister_self_guarding_consumer("syncfree_test::split_plan")
