@@ -28,7 +28,6 @@ def returns_table(fb):
     return fb.req_to_token[fb.req_pool_indices, :m:4] // 4
 
 
-
 def test_report_renders_and_serialises():
     fn = returns_table
     _, backend, _ = run(fn, make_fb([3, 9]), max_context_len=MCL)

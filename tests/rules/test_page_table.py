@@ -18,7 +18,6 @@ SUM = torch.ops.syncfree_test.bounded_sum
 LENGTH_SETS = ([3, 9, 5], [1, 17, 64], [12, 12, 0])
 
 
-
 def item_targets(backend):
     return [t for t in backend.targets() if t == "item"]
 

@@ -12,6 +12,8 @@ from conftest_helpers import interpreting
 SENTINEL = -12345
 GUARD = 2
 
+
+# -- the page-table op --------------------------------------------------------------------------------------
 def make_inputs(batch, page_size, lengths, width_tokens, table_dtype, index_dtype, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     reqs = batch + 3
@@ -19,6 +21,7 @@ def make_inputs(batch, page_size, lengths, width_tokens, table_dtype, index_dtyp
     rpi = torch.randperm(reqs, generator=gen)[:batch].to(index_dtype)
     seq_lens = torch.tensor(lengths, dtype=index_dtype)
     return req_to_token.to(device), rpi.to(device), seq_lens.to(device)
+
 
 # -- eager indexing: any strides, negative indices wrapped, out-of-range indices never read ----------------
 
