@@ -8,7 +8,7 @@
 #   tune       benchmarks/tune.py: the paged_decode launch sweep at small batch, against the kernel of
 #              $OLD_KERNEL (default oldk/old_paged_decode_kernel.py, `git show 0d72b29:kernels/paged_decode_kernel.py`)
 #              when present; the best configuration goes to /root/tuning.json
-#   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/test_gpu_page_table.py tests/test_tp.py; the
+#   tests      the GPU tests (pytest -m gpu tests/test_gpu.py tests/kernels/test_page_table_gpu.py tests/test_tp.py; the
 #              2-GPU test skips on one GPU)
 #   memcheck   compute-sanitizer --tool memcheck on benchmarks/memcheck_page_table.py (the page-table ops on
 #              strided, expanded, negative, out-of-range and past-bound inputs) and memcheck_paged_decode.py
@@ -18,7 +18,7 @@
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
 #   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps,
 #              cudagraphs=True, replayed under sync debug "error", equal to eager, partitions counted
-#   pagetable-tests  pytest -m gpu tests/test_gpu_page_table.py (the page-table op against eager indexing on CUDA)
+#   pagetable-tests  pytest -m gpu tests/kernels/test_page_table_gpu.py (the page-table op against eager indexing on CUDA)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
 #   steps      benchmarks/decode_step.py $STEP_ARGS (the 2-layer decoder; $STEP_ATTENTION paged_decode or fa4)
 #   tp         on 2 GPUs: the TP tests, decode_step_tp.py at TP=2 ($TP_ARGS) and the TP=1 baseline
@@ -76,7 +76,7 @@ for stage in "$@"; do
       ;;
     tests)
       timeout "${TESTS_LIMIT:-300}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
-        tests/test_gpu_page_table.py tests/test_tp.py > "$OUT/gpu_tests.log" 2>&1
+        tests/kernels/test_page_table_gpu.py tests/test_tp.py > "$OUT/gpu_tests.log" 2>&1
       echo "gpu tests rc=$?" >> "$OUT/gpu_tests.log"
       grep -E "passed|failed|rc=|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tail -n 8
       ;;
@@ -110,7 +110,7 @@ for stage in "$@"; do
       TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py --json "$OUT/engine_steps.json"
       ;;
     pagetable-tests)
-      timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu_page_table.py \
+      timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/kernels/test_page_table_gpu.py \
         > "$OUT/gpu_page_table_tests.log" 2>&1
       echo "page-table gpu tests rc=$?" >> "$OUT/gpu_page_table_tests.log"
       grep -E "passed|failed|rc=|^FAILED|^ERROR" "$OUT/gpu_page_table_tests.log" | tail -n 8

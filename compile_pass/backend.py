@@ -253,13 +253,13 @@ def _account_post_grad(report: SyncReport, findings: dict) -> None:
         if location not in known:
             report.kept.append(SyncItem("post_grad", location,
                                         "kept: a host read (_local_scalar_dense) found in the post-grad graph, in "
-                                        "a form the pass does not recognise"))
+                                        "a form the pass does not recognise", reason_code="post_grad"))
             known.add(location)
     if findings.get("unbacked_symbols") and not any(i.host_sync for i in report.kept) \
             and not findings.get("reads"):
         report.kept.append(SyncItem("post_grad", "<unknown>",
                                     "kept: data-dependent sizes remain in the post-grad graph "
-                                    f"({', '.join(findings['unbacked_symbols'])})"))
+                                    f"({', '.join(findings['unbacked_symbols'])})", reason_code="post_grad"))
 
 
 _TORCH_COMPILE_KWARGS = {"fullgraph", "dynamic", "disable"}

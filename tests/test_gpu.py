@@ -6,9 +6,8 @@ import warnings
 import pytest
 import torch
 
+from kernel_cases import SENTINEL, make_case, make_inputs
 from reference import attention_f64, page_table_cells
-from test_paged_decode import make_case
-from test_page_table import SENTINEL, make_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -154,9 +153,9 @@ def test_fa4_adapter_against_paged_decode_and_float64():
 
 # -- engine-shaped steps on the GPU (tests/engines): CUDA graphs, no sync at replay, eager-equal --------------
 def _engine_cases():
-    from test_engines import CASES
+    from engines import all_cases
 
-    return CASES
+    return all_cases()
 
 
 @pytest.mark.parametrize("name", sorted(_engine_cases()))
@@ -164,7 +163,7 @@ def test_engine_step_cudagraphs_sync_free(name):
     import compile_pass
     from compile_pass._compat import CudagraphSkips
     from engines.common import MAX_CONTEXT
-    from test_engines import length_vectors
+    from engines import case_lengths
     from torch._dynamo.utils import counters
 
     case = _engine_cases()[name]
@@ -175,7 +174,7 @@ def test_engine_step_cudagraphs_sync_free(name):
                                     strict=rewritten, fx_graph_cache=False, **case.options)
     counters.clear()
     with CudagraphSkips() as log:
-        for n, lengths in enumerate(length_vectors(3, 3, 5, case)):
+        for n, lengths in enumerate(case_lengths(case, 3, 3, 5)):
             args = make_args(lengths, seed=n)
             expect = step(*args)
             for _ in range(3):  # warm-up and CUDA-graph recording

@@ -35,7 +35,7 @@ STEP = textwrap.dedent("""\
 def run_script(tmp_path, env_extra: dict, script: str = STEP):
     (tmp_path / "step_script.py").write_text(script)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "TORCH_TRACE")}
-    env.update({"PYTHONPATH": str(ROOT / "tests"), **env_extra})
+    env.update({"PYTHONPATH": str(ROOT / "tests" / "support"), **env_extra})
     return subprocess.run([sys.executable, "step_script.py"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
 

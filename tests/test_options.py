@@ -149,3 +149,27 @@ def test_a_missing_bound_under_mode_names_cudagraphs_and_compile_pass_compile():
     assert len(syncfree_warnings) == 1 and len(notes) == 1
     for text in (report.kept[0].reason, notes[0], syncfree_warnings[0]):
         assert "cudagraphs=True" in text and "compile_pass.compile" in text, text
+
+
+def test_option_validation_names_the_option():
+    from compile_pass.options import SyncfreeOptions
+
+    for bad, name in (({"max_context_len": 0}, "max_context_len"), ({"page_size": "4"}, "page_size"),
+                      ({"strict": "yes"}, "strict"), ({"cpu_mirrors": {"a": 1}}, "cpu_mirrors")):
+        with pytest.raises((TypeError, ValueError), match=name):
+            SyncfreeOptions.from_dict(bad)
+    with pytest.raises(ValueError, match="max_context_len"):
+        compile_pass.compile(lambda x: x, max_context_len=-1)
+
+
+def test_uuid_changes_with_every_option():
+    from compile_pass.options import SyncfreeOptions
+    from compile_pass.post_grad_check import SyncFreeCheck
+
+    variants = [{}, {"max_context_len": 64}, {"max_context_len": 128}, {"page_size": 16}, {"strict": True},
+                {"checked": False}, {"cudagraphs": True}, {"cpu_mirrors": {"a_cpu": "a"}},
+                {"max_autotune": True}]
+    uuids = {SyncFreeCheck(SyncfreeOptions.from_dict(v).fingerprint()).uuid() for v in variants}
+    assert len(uuids) == len(variants)
+    same = SyncFreeCheck(SyncfreeOptions.from_dict({"max_context_len": 64}).fingerprint()).uuid()
+    assert same in uuids  # deterministic

@@ -41,6 +41,10 @@ def test_unrecognised_post_grad_reads_join_the_report():
                                 "local_scalar_dense": 2})
     assert [(i.kind, i.location) for i in report.kept] == [("item", "a.py:1"), ("post_grad", "b.py:7")]
     assert report.syncs_remaining == 2 and "does not recognise" in report.kept[1].reason
+    assert report.kept[1].reason_code == "post_grad"
+    unbacked = SyncReport()
+    _account_post_grad(unbacked, {"reads": [], "unbacked_symbols": ["u0"], "local_scalar_dense": 0})
+    assert [i.reason_code for i in unbacked.kept] == ["post_grad"] and "u0" in unbacked.kept[0].reason
 
 
 def _decode(fb):

@@ -11,7 +11,7 @@ import torch
 
 from compile_pass.examples import TinyLlama, TinyLlamaConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 
 
 def torchrun(nproc: int, *args, cwd, timeout: int = 300, env_extra=None):
@@ -65,7 +65,7 @@ def test_two_ranks_on_cpu_match_world_size_one(tmp_path):
 def test_ranks_that_disagree_on_options_stop_with_a_clear_error(tmp_path):
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, SUPPORT)
     import tp_helpers
 
     mp.spawn(tp_helpers.disagree, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)

@@ -54,7 +54,6 @@ from . import register_rule
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
 REASONS = declare_reasons("page_table", {
-    "slice_step": "the page-table slice step is not a constant page size",
     "table_size_read": "the page table's size is read",
     "strided_index": "the strided column index is used by something else",
     "table_cast": "the page table is cast in a way that changes values",
@@ -278,9 +277,7 @@ class _Walk(HostMaxWalk):
     def follow_gather(self, gather: torch.fx.Node, spelled, offset: int, page_level: int | None = None):
         table, rpi = spelled.table, spelled.rows
         rows, row_device, width = self.table_rows(spelled)
-        step = spelled.step
-        if step is not None and step < 1:
-            raise Unsafe("slice_step", f"the page-table slice step {step!r} is not a constant page size")
+        step = spelled.step  # a constant >= 1: torch refuses a slice step below 1 while Dynamo traces
         chain = self.follow_chain(gather, spelled, width if step is None else ceil_div(width, step), page_level)
         step, table_pages = self.page_size_of(chain, page_level, width)
         node = chain.terminal

@@ -1,7 +1,7 @@
 """GPU tests of the page-table ops' indexing (marker `gpu`, skipped without CUDA): on CUDA tensors the op runs the
 Triton kernel; both it and the torch fill (forced) must index as eager does: any strides, negative indices
 wrapped, out-of-range indices never read, nothing written outside the live cells (the sentinel invariant).
-The same comparisons as tests/test_page_table.py, against the same plain-loop reference."""
+The same comparisons as kernels/test_page_table.py, against the same plain-loop reference."""
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_page_table import (
+from kernel_cases import (
     DTYPE_CASES,
     LAYOUT_CASES,
     assert_functional_as_eager,
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 
 GPU_PATHS = ["triton", "torch"]
 DEVICE = "cuda"  # a module constant, so the file's logic can be dry-run on CPU under TRITON_INTERPRET=1
-ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 @pytest.mark.parametrize("path", GPU_PATHS)
@@ -73,7 +73,7 @@ def test_cuda_random_cases_against_eager(path):
 
 def _run(script: str) -> subprocess.CompletedProcess:
     # A device-side assertion poisons the CUDA context: each checked call runs in its own process.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     code = (f"import torch, compile_pass\nDEVICE = {DEVICE!r}\n" + textwrap.dedent(script)
             + "\nif DEVICE == 'cuda':\n    torch.cuda.synchronize()\nprint('ran')\n")
     return subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=240)

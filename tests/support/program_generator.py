@@ -18,7 +18,7 @@ and compiled alike).
 
 `run_program` compiles a program with the pass-only backend (`passlib.Rewriting`), runs it and eager on several
 length vectors, and returns what the pass decided and every divergence (values, shapes, dtypes, raised error
-type, the inputs left behind). `python tests/program_generator.py` runs them all and prints the per-category
+type, the inputs left behind). `python tests/support/program_generator.py` runs them all and prints the per-category
 table.
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 import sys
 import warnings
 from typing import Callable
@@ -36,7 +35,7 @@ import torch
 
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
-from passlib import Rewriting
+from passlib import Rewriting, length_vectors
 
 MCL = 64  # the static bound
 TOKENS = 96  # the token table's width: wider than the bound, so a wrong width shows
@@ -209,14 +208,9 @@ def make_args(lengths, variant: str = "plain", seed: int = 0) -> dict:
 TOP = MCL // 2 - 2  # lengths stay within the bound after an edit doubles them or adds one before the max
 
 
-def length_vectors(count: int, seed: int, batch: int = BATCH, top: int = TOP) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = [[3, top, 5]]  # the vector Dynamo traces with first
-    for _ in range(count - 1):
-        lengths = [rng.randint(0, top) for _ in range(batch)]
-        lengths[rng.randrange(batch)] = rng.choice([0, 1, top, rng.randint(0, top)])
-        out.append(lengths)
-    return out
+def program_vectors(count: int, seed: int) -> list[list[int]]:
+    """A program's length vectors: [3, TOP, 5] first (the vector Dynamo traces with), then random ones."""
+    return length_vectors(BATCH, count, seed, top=TOP, first=([3, TOP, 5],))
 
 
 # Lengths whose int64 values wrap when narrowed to int32: max 50, but the int32 view of the first is 60.
@@ -231,7 +225,7 @@ class Program:
     source: str
     variant: str = "plain"
     must_keep: bool = False  # a protected tensor is written where the proof must see it
-    vectors: list = dataclasses.field(default_factory=lambda: length_vectors(4, 0))
+    vectors: list = dataclasses.field(default_factory=lambda: program_vectors(4, 0))
     seed: int = 0
 
     def function(self) -> Callable:
@@ -513,7 +507,7 @@ def generated_programs() -> list[Program]:
         _add(programs, seen, Program(
             name=f"{edit_name} | {target} | {position}", category=f"edit/{edit_name.split()[0]}",
             source=step_source(statement, position, ps=4 if n % 4 == 0 else 1),
-            must_keep=must_keep(role_of(target), position), vectors=length_vectors(3, n), seed=n))
+            must_keep=must_keep(role_of(target), position), vectors=program_vectors(3, n), seed=n))
     # 2. metadata variants: the lengths strided or expanded, request indices negative or duplicated
     for variant, (edit_name, template), position in itertools.product(
             METADATA_VARIANTS, GENERATOR_EDITS[::2], ("max_gather", "gather_consumer")):
@@ -523,17 +517,17 @@ def generated_programs() -> list[Program]:
         _add(programs, seen, Program(
             name=f"{edit_name} | {target} | {position} | {variant}", category=f"metadata/{variant}",
             source=step_source(statement, position, ps=4 if n % 2 else 1), variant=variant,
-            must_keep=must_keep(role_of(target), position), vectors=length_vectors(3, n), seed=n))
+            must_keep=must_keep(role_of(target), position), vectors=program_vectors(3, n), seed=n))
     for variant in METADATA_VARIANTS + ("out_of_range_rpi",):  # no edit: the safe step on that metadata
         n += 1
-        vectors = length_vectors(4, n)
+        vectors = program_vectors(4, n)
         if variant == "out_of_range_rpi":  # the bad index on a row of length 0: eager's gather still raises
             vectors = [[3, TOP, 0], [5, 9, 0], [3, TOP, 5]]
         _add(programs, seen, Program(name=f"no edit | {variant}", category=f"metadata/{variant}",
                                      source=step_source(ps=1), variant=variant, vectors=vectors, seed=n))
     # 3. cast chains, alone and with a write to the lengths or the table
     for name, max_of, consumer_lens, table, variant in CAST_CHAINS:
-        vectors = WRAP_VECTORS + length_vectors(2, n) if "narrowing" in name else length_vectors(3, n)
+        vectors = WRAP_VECTORS + program_vectors(2, n) if "narrowing" in name else program_vectors(3, n)
         for edit_name, statement, position in ((None, None, "gather_consumer"),
                                                ("add_ lens", "lens.add_(1)", "max_gather"),
                                                ("add_ r2t", "r2t.add_(1)", "gather_consumer"),
@@ -552,7 +546,7 @@ def generated_programs() -> list[Program]:
         n += 1
         _add(programs, seen, Program(
             name=f"chained {edit_name} | {target}", category="chained",
-            source=step_source(statement, "max_gather", chained=True), vectors=length_vectors(3, n), seed=n))
+            source=step_source(statement, "max_gather", chained=True), vectors=program_vectors(3, n), seed=n))
     return programs
 
 
@@ -596,7 +590,7 @@ def collections_counter():
     return collections.Counter()
 
 
-if __name__ == "__main__":  # python tests/program_generator.py [-v]
+if __name__ == "__main__":  # python tests/support/program_generator.py [-v]
     import time
 
     start = time.time()

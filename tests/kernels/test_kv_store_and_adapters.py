@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import compile_pass
+from kernel_cases import make_case
 from reference import attention_f64
-from test_paged_decode import make_case
 
 
 def test_store_kv_writes_only_the_given_slots():

@@ -7,7 +7,7 @@ Every one runs through the pass-only backend and eager on several length vectors
 shapes, dtypes, raised error type, the inputs left behind); a write where default deny must see it keeps the max.
 A representative few run through the full `syncfree` backend with Inductor.
 
-`python tests/program_generator.py` prints the per-category table (rewritten / kept / divergent).
+`python tests/support/program_generator.py` prints the per-category table (rewritten / kept / divergent).
 """
 
 from __future__ import annotations

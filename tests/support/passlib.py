@@ -1,6 +1,7 @@
 """Helpers for pass tests: run the pass (SyncPass) on Dynamo graphs without Inductor (fast)."""
 
 import dataclasses
+import random
 
 import torch
 
@@ -66,3 +67,16 @@ def run(fn, *args, **options):
     with _compat.capture_scalar_outputs():
         out = compiled(*args)
     return out, backend, compiled
+
+
+def length_vectors(batch: int, count: int, seed: int, top: int = 64, *, low: int = 0, first=()) -> list[list[int]]:
+    """`count` vectors of `batch` lengths in [low, top]: the `first` vectors as given (the one Dynamo traces with,
+    corner cases), then random ones (random.Random(seed)), each with one row at an edge: low, low + 1, top, or
+    any. The same arguments give the same vectors."""
+    rng = random.Random(seed)
+    out = [list(v) for v in first][:count]
+    while len(out) < count:
+        lengths = [rng.randint(low, top) for _ in range(batch)]
+        lengths[rng.randrange(batch)] = rng.choice([low, low + 1, top, rng.randint(low, top)])
+        out.append(lengths)
+    return out

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import compile_pass
 from compile_pass import rules, sync_pass
 from compile_pass.rules.flat_kv_indices import register_indptr_reader
-from passlib import make_fb, run
+from passlib import length_vectors, make_fb, run
 
 MCL = 64
 KV = torch.ops.syncfree.kv_indices
@@ -76,11 +76,9 @@ def opaque_scribble(t):
     return t
 
 
-def length_vectors(batch, count, seed=0, top=MCL):
-    gen = torch.Generator().manual_seed(seed)
-    found = [[0] * batch, [top] * batch, [1] + [0] * (batch - 1)]
-    found += [torch.randint(0, top + 1, (batch,), generator=gen).tolist() for _ in range(count - len(found))]
-    return found
+def vectors_of(batch, count, seed=0):
+    """All zeros first (the vector Dynamo traces with), all at the bound, one row of 1; then random ones."""
+    return length_vectors(batch, count, seed, top=MCL, first=([0] * batch, [MCL] * batch, [1] + [0] * (batch - 1)))
 
 
 VALUES = torch.randn(6 * 64, generator=torch.Generator().manual_seed(1))
@@ -125,7 +123,7 @@ def step(fb, values):
 
 
 def test_sum_sizing_kv_indices_becomes_b_times_max_context_len():
-    backend = compare(step, length_vectors(4, 24))
+    backend = compare(step, vectors_of(4, 24))
     (item,) = backend.report.rewritten
     assert not backend.report.kept, str(backend.report)
     assert item.rule == "flat_kv_indices" and "4 x 64" in item.reason, item.reason
@@ -147,7 +145,7 @@ def test_other_spellings_cat_indptr_new_empty_torch_sum_int():
         KV(kv_indices, fb.req_to_token, fb.req_pool_indices, lens, indptr)
         return READ(values, kv_indices, indptr, lens)
 
-    backend = compare(spelled, length_vectors(3, 16, seed=2))
+    backend = compare(spelled, vectors_of(3, 16, seed=2))
     assert backend.report.rewritten and not backend.report.kept, str(backend.report)
     (alloc,) = [a for a in allocations(backend) if a.target == "new_empty"]
     assert alloc.args[1] == 3 * MCL and not host_reads(backend)
@@ -162,7 +160,7 @@ def test_zeros_buffer_and_two_readers():
         again = F.pad(torch.cumsum(lens, 0), (1, 0))  # another indptr node of the same lengths: same values
         return READ(values, kv_indices, indptr, lens) + READ(values * 2, kv_indices, again, lens)
 
-    backend = compare(two, length_vectors(5, 12, seed=3))
+    backend = compare(two, vectors_of(5, 12, seed=3))
     assert backend.report.rewritten and not backend.report.kept, str(backend.report)
     assert "2 reader(s)" in backend.report.rewritten[0].reason
 
@@ -174,12 +172,12 @@ def test_sum_over_the_cpu_mirror_writer_on_the_device_twin():
         KV(kv_indices, fb.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr)
         return READ(values, kv_indices, indptr, fb.seq_lens)
 
-    backend = compare(mirrored, length_vectors(3, 10, seed=4))
+    backend = compare(mirrored, vectors_of(3, 10, seed=4))
     assert backend.report.rewritten and not backend.report.kept, str(backend.report)
 
 
 def test_dynamic_batch_gives_a_backed_symbolic_size():
-    vectors = [v for b in (3, 5, 2, 6) for v in length_vectors(b, 4, seed=b)]
+    vectors = [v for b in (3, 5, 2, 6) for v in vectors_of(b, 4, seed=b)]
     backend = compare(step, vectors)
     assert len(backend.graphs) == 2  # the second batch size recompiles with a dynamic B, then no more
     assert all(r.rewritten and not r.kept for r in backend.reports)
@@ -291,7 +289,7 @@ def test_lengths_below_the_summed_values_are_fine_for_writer_and_reader():
         KV(kv_indices, fb.req_to_token, fb.req_pool_indices, lens - 1, indptr)
         return READ(values, kv_indices, indptr, lens - 2)
 
-    backend = compare(fewer, length_vectors(3, 10, seed=5))
+    backend = compare(fewer, vectors_of(3, 10, seed=5))
     assert backend.report.rewritten and not backend.report.kept, str(backend.report)
 
 
@@ -317,6 +315,28 @@ def test_a_float_sum_is_not_lengths():
 def test_without_max_context_len_the_sum_is_kept():
     _, backend, _ = run(step, *args_of([3, 9, 5]))
     assert codes(backend) == ["no_bound"], str(backend.report)
+
+
+def test_the_sum_as_something_other_than_a_size_is_kept_with_sum_use():
+    def slice_end(fb, values):
+        n = fb.seq_lens.sum().item()
+        return values[:n].sum()  # the sum ends a slice: no allocation it sizes
+
+    backend = compare(slice_end, vectors_of(3, 4, seed=6))
+    assert codes(backend) == ["sum_use"], str(backend.report)
+
+
+def test_a_buffer_with_two_writers_is_kept_with_buffer_use():
+    def written_twice(fb, values):
+        lens = fb.seq_lens
+        indptr = F.pad(torch.cumsum(lens, 0), (1, 0))
+        kv_indices = torch.empty(lens.sum().item(), dtype=torch.int32)
+        for _ in range(2):
+            KV(kv_indices, fb.req_to_token, fb.req_pool_indices, lens, indptr)
+        return READ(values, kv_indices, indptr, lens)
+
+    backend = compare(written_twice, vectors_of(3, 4, seed=7))
+    assert codes(backend) == ["buffer_use"], str(backend.report)
 
 
 # -- the op, the registry, the driver --------------------------------------------------------------------------
@@ -367,6 +387,6 @@ def test_through_inductor_no_host_sync_and_no_recompile():
     assert host_reads_in_code(code) == 0
     report = compile_pass.last_report()
     assert report.syncs_remaining == 0 and len(report.rewritten) == 1, str(report)
-    for lengths in length_vectors(4, 8, seed=9):
+    for lengths in vectors_of(4, 8, seed=9):
         torch.testing.assert_close(compiled(*args_of(lengths)), step(*args_of(lengths)))
     assert counters["stats"]["unique_graphs"] == 1

@@ -227,7 +227,7 @@ def _e2e_programs() -> tuple[list, dict]:
         programs.append(pg.Program(
             name=name, category=category, source=pg.step_source(statement, position, ps=4 if n % 5 == 0 else 1),
             must_keep=pg.must_keep(pg.role_of(target), position, method, target),
-            vectors=pg.length_vectors(2, n), seed=n))
+            vectors=pg.program_vectors(2, n), seed=n))
 
     def place(i, name, category, statement_for, roles_wanted, method=None) -> int:
         placed = 0
@@ -303,7 +303,7 @@ def test_write_between_max_and_consumer_keeps_the_max(program):
 CHAINED = [
     pg.Program(name=f"chained {name} | {target} | ps={ps}", category="chained",
                source=pg.step_source(template.format(t=target), "max_gather", chained=True, ps=ps),
-               vectors=pg.length_vectors(2, i), seed=i)
+               vectors=pg.program_vectors(2, i), seed=i)
     for i, ((name, template), target) in enumerate(itertools.product(
         (("add_", "{t}.add_(1)"), ("copy_ flip", "{t}.copy_({t}.flip(0))"), ("setitem", "{t}[0] = 1"),
          ("np a+=1", "_a = {t}.numpy(); _a += 1"), ("out=", "torch.add({t}, 1, out={t})"),

@@ -29,7 +29,7 @@ import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from conftest_helpers import interpreting
 from passlib import Rewriting
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 PS = 64
 MCL = 512  # max_context_len: the static table is ceil(512 / 64) = 8 pages wide
 REQS = 6
@@ -51,7 +51,7 @@ def test_this_file_under_the_interpreter():
         pytest.skip(f"triton {triton.__version__}'s interpreter rejects numpy {numpy.__version__}")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
-                           str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
+                           str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600, cwd=TESTS)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert int(re.search(r"(\d+) passed", proc.stdout).group(1)) >= 10, proc.stdout[-2000:]
 

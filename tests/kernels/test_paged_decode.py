@@ -6,33 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest_helpers import examples, interpreting
-
+from kernel_cases import make_case
 from reference import attention_f64
-
-
-def make_case(batch, sq, hq, hkv, dim, page_size, lengths, dtype=torch.float32, seed=0, poison=True, width=None):
-    gen = torch.Generator().manual_seed(seed)
-    width = width or max(1, max(-(-max(lengths) // page_size), 1) + 1)
-    num_pages = batch * width + 4
-    q = torch.randn(batch, sq, hq, dim, generator=gen).to(dtype)
-    k = torch.randn(num_pages, page_size, hkv, dim, generator=gen).to(dtype)
-    v = torch.randn(num_pages, page_size, hkv, dim, generator=gen).to(dtype)
-    table = torch.randperm(num_pages, generator=gen)[: batch * width].view(batch, width).to(torch.int32)
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    if poison:
-        # Pages past each row's length hold NaN, and the table's dead columns point anywhere (even out of range).
-        for b in range(batch):
-            used = -(-max(lengths[b], 0) // page_size)
-            for j in range(used, width):
-                k[table[b, j]] = float("nan")
-                v[table[b, j]] = float("nan")
-            # Slots after the length inside the last used page are poisoned too: never read.
-            if lengths[b] % page_size and used:
-                last = table[b, used - 1]
-                k[last, lengths[b] % page_size:] = float("nan")
-                v[last, lengths[b] % page_size:] = float("nan")
-            table[b, used:] = 10**8
-    return q, k, v, table, lens
 
 
 def check(case, atol, scale=None):

@@ -7,7 +7,6 @@ go through the full backend and Inductor too.
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -16,19 +15,9 @@ from hypothesis import strategies as st
 
 import compile_pass
 import soundness_cases as cases
-from passlib import Rewriting, run
+from passlib import Rewriting, length_vectors, run
 
 VECTORS = 6  # random length vectors per case, after the one it compiles on
-
-
-def length_vectors(batch: int, count: int, seed: int, top: int = cases.MCL):
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        lengths = [rng.randint(0, top) for _ in range(batch)]
-        lengths[rng.randrange(batch)] = rng.choice([0, 1, top, rng.randint(0, top)])
-        out.append(lengths)
-    return out
 
 
 def outcome(fn, inputs: cases.Inputs):
@@ -69,7 +58,7 @@ def differential(fn, batch: int = 3, seed: int = 0, **options):
     # the default device assertion would fire; this suite compares the values of the unchecked rewrite.
     backend = Rewriting(max_context_len=cases.MCL, **{"checked": False, **options})
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    for n, lengths in enumerate(length_vectors(batch, VECTORS, seed)):
+    for n, lengths in enumerate(length_vectors(batch, VECTORS, seed, top=cases.MCL)):
         inputs = cases.make_inputs(lengths, seed=seed + n)
         want = outcome(fn, inputs.clone())
         with compile_pass._compat.capture_scalar_outputs():
@@ -215,7 +204,7 @@ def test_checked_bound_is_the_replaced_bound_not_the_table_capacity():
 def test_through_inductor(name):
     fn = cases.REWRITTEN.get(name) or cases.KEPT[name][0]
     compiled = compile_pass.compile(fn, max_context_len=cases.MCL, fullgraph=True)
-    for n, lengths in enumerate(length_vectors(3, 4, 7)):
+    for n, lengths in enumerate(length_vectors(3, 4, 7, top=cases.MCL)):
         inputs = cases.make_inputs(lengths, seed=n)
         want = outcome(fn, inputs.clone())
         got = outcome(compiled, inputs.clone())

@@ -24,7 +24,7 @@ def test_kernels_run_under_the_interpreter():
 
         from compile_pass.kernels._triton import use_triton
 
-        from test_page_table import PATHS
+        from kernel_cases import PATHS
 
         assert use_triton(torch.zeros(1)), "the interpreter path is not taken"
         assert "triton" in PATHS, "the page-table tests would not run the kernel"

@@ -1,28 +1,18 @@
 """Engine-shaped decode steps (tests/engines/): each compiled on CPU and compared with eager on several length
 vectors, with the outcome each style must get (rewritten, kept with its reason, or nothing to do). The same
-steps run on an H200 with CUDA graphs in test_gpu.py."""
+steps run on an H200 with CUDA graphs in tests/test_gpu.py."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 import torch
 
 import compile_pass
-from engines import dflash, sglang_fa3, vllm_flash_attn
+from engines import all_cases, case_lengths, sglang_fa3
 from engines.common import MAX_CONTEXT
 from passlib import Rewriting
 
-CASES = {**sglang_fa3.CASES, **vllm_flash_attn.CASES, **dflash.CASES}
-
-
-def length_vectors(count: int, batch: int, seed: int, case):
-    rng = random.Random(seed)
-    top = MAX_CONTEXT - case.queries - case.headroom  # every length the step forms fits the token table
-    vectors = [[rng.randint(case.queries, top) for _ in range(batch)] for _ in range(count)]
-    vectors[0][0] = top  # a row at the bound
-    return vectors
+CASES = all_cases()
 
 
 def host_reads(graphs) -> list:
@@ -40,7 +30,7 @@ def test_engine_step_on_cpu(name):
     step, make_args = case.build("cpu", case.page_size)
     backend = Rewriting(max_context_len=MAX_CONTEXT, **case.options)
     compiled = torch.compile(step, backend=backend, fullgraph=True)
-    for n, lengths in enumerate(length_vectors(4, 3, hash(name) % 1000, case)):
+    for n, lengths in enumerate(case_lengths(case, 3, 4, hash(name) % 1000)):
         args = make_args(lengths, seed=n)
         want = step(*args)
         with compile_pass._compat.capture_scalar_outputs():
@@ -85,7 +75,7 @@ def test_engine_step_through_inductor(name):
     step, make_args = case.build("cpu", case.page_size)
     compiled = compile_pass.compile(step, max_context_len=MAX_CONTEXT, fullgraph=True, strict=True,
                                     **case.options)
-    for n, lengths in enumerate(length_vectors(3, 3, 11, case)):
+    for n, lengths in enumerate(case_lengths(case, 3, 3, 11)):
         args = make_args(lengths, seed=n)
         got, codes = run_and_get_code(compiled, *args)
         torch.testing.assert_close(got, step(*args), rtol=1e-4, atol=1e-4)
