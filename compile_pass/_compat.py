@@ -36,7 +36,7 @@ def inductor_config_value(name: str):
 
 
 def inductor_config_fingerprint() -> str:
-    """Inductor's global config, as text: part of the key under which post-grad findings are stored."""
+    """Inductor's global config, as text (every key, machine-dependent ones such as compile_threads included)."""
     from torch._inductor import config
 
     return repr(sorted((k, repr(v)) for k, v in config.get_config_copy().items()))
@@ -309,3 +309,23 @@ def user_triton_kernel(node: torch.fx.Node):
     except (AssertionError, KeyError):
         return None
     return kernel, dict(constants)
+
+
+# -- compile caches (issue 29) ------------------------------------------------------------------------------------
+# What compile_pass.cache builds on: torch's "mega-cache" (torch.compiler.save_cache_artifacts /
+# load_cache_artifacts, every supported torch), its AOT precompile (`torch.compile(fn).aot_compile`,
+# torch.compiler.load_compiled_function; not on every supported torch), Inductor's view of its own config for
+# cache keys, and the cache counters.
+
+def inductor_cache_config_fingerprint() -> str:
+    """Inductor's config as its FX graph cache key sees it (`save_config_portable`): settings that do not change
+    the compiled code (compile_threads, worker_start_method, the cache switches, custom passes, which are keyed by
+    their uuid) are left out, so the text is the same on two machines of one kind."""
+    from torch._inductor import config
+
+    try:
+        portable = config.save_config_portable(ignore_private_configs=False)
+    except Exception:  # noqa: BLE001  (a torch without it, or a config value it cannot express)
+        return inductor_config_fingerprint()
+    return repr(sorted((k, repr(v)) for k, v in portable.items()))
+
