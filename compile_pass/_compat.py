@@ -329,3 +329,52 @@ def inductor_cache_config_fingerprint() -> str:
         return inductor_config_fingerprint()
     return repr(sorted((k, repr(v)) for k, v in portable.items()))
 
+
+def save_cache_artifacts() -> bytes | None:
+    """torch's serialized compile artifacts (FX graph cache, AOT autograd cache, Triton kernels, autotuning) of
+    what this process compiled or loaded from its caches; None when it recorded none."""
+    saved = torch.compiler.save_cache_artifacts()
+    return None if saved is None else saved[0]
+
+
+def load_cache_artifacts(blob: bytes) -> dict[str, int] | None:
+    """Write torch's artifacts into this process's caches: {artifact kind: count}, or None when torch could not
+    read them (it logs why and writes nothing)."""
+    info = torch.compiler.load_cache_artifacts(blob)
+    if info is None:
+        return None
+    return {kind: len(keys) for kind, keys in info.artifacts.items()}
+
+
+def compile_cache_counters() -> dict[str, int]:
+    """Inductor's FX graph cache and AOT autograd's cache counters in this process (hits, misses, bypasses)."""
+    from torch._dynamo.utils import counters
+
+    found = {f"fxgraph_{k[len('fxgraph_cache_'):]}": v for k, v in counters["inductor"].items()
+             if k.startswith("fxgraph_cache_")}
+    found.update({f"aot_autograd_{k[len('autograd_cache_'):]}": v for k, v in counters["aot_autograd"].items()
+                  if k.startswith("autograd_cache_")})
+    return found
+
+
+def aot_compile_supported() -> str | None:
+    """None where this torch can AOT-compile a Dynamo graph and load it in another process without tracing again
+    (torch.compile(fn).aot_compile + torch.compiler.load_compiled_function); else why not."""
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function (AOT precompile)"
+    try:
+        from torch._dynamo.aot_compile import aot_compile_fullgraph  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no torch._dynamo.aot_compile"
+    return None
+
+
+def aot_compile(compiled, args: tuple, kwargs: dict):
+    """AOT-compile a torch.compile(fullgraph=True) function for these example inputs: an object with
+    save_compiled_function(path) that is also callable."""
+    return compiled.aot_compile((tuple(args), dict(kwargs)))
+
+
+def load_compiled_function(path: str):
+    with open(path, "rb") as f:
+        return torch.compiler.load_compiled_function(f)
