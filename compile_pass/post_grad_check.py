@@ -148,7 +148,9 @@ def findings_key(check: SyncFreeCheck, gm: torch.fx.GraphModule, example_inputs,
     settings = sorted((k, v) for k, v in patches.items() if k != "post_grad_custom_post_pass")
     # Inductor's config as its own cache key sees it: machine-dependent settings (compile_threads) left out, so
     # that shipped caches (compile_pass.cache) find their findings on another machine of the same kind.
-    for part in (check.uuid(), gm.code, repr(inputs), repr(settings),
+    # Every graph's code: a regional step's bodies (invoke_subgraph) are submodules its own code only names.
+    code = "".join(f"{name}\n{m.code}" for name, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule))
+    for part in (check.uuid(), code, repr(inputs), repr(settings),
                  _compat.inductor_cache_config_fingerprint(), torch.__version__):
         h.update(str(part).encode())
     return h.hexdigest()

@@ -329,3 +329,23 @@ def test_aot_compile_names_the_torch_it_needs(monkeypatch):
         step = cache.load_compiled("x.aot", fallback=_decode)
     args = _inputs()
     torch.testing.assert_close(step(*args), _decode(*args))
+
+
+def test_findings_key_covers_region_bodies():
+    """A regional step's outer code names its bodies only: two bodies must not share stored findings."""
+    from compile_pass.post_grad_check import findings_key
+
+    def outer(body):
+        root = torch.nn.Module()
+        root.body = torch.fx.symbolic_trace(body)
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_module("body", (x,)))
+        return torch.fx.GraphModule(root, graph)
+
+    check = SyncFreeCheck(SyncfreeOptions.from_dict({"max_context_len": 64}).fingerprint())
+    a, b = outer(lambda x: x + 1), outer(lambda x: x * 2)
+    assert a.code == b.code
+    inputs = [torch.zeros(2)]
+    assert findings_key(check, a, inputs, {}) != findings_key(check, b, inputs, {})
+    assert findings_key(check, a, inputs, {}) == findings_key(check, outer(lambda x: x + 1), inputs, {})
