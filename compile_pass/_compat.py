@@ -378,3 +378,55 @@ def aot_compile(compiled, args: tuple, kwargs: dict):
 def load_compiled_function(path: str):
     with open(path, "rb") as f:
         return torch.compiler.load_compiled_function(f)
+
+
+def precompiling() -> bool:
+    """Is a backend call under torch's AOT precompile (aot_compile sets AOT autograd's bundled cache for it)?"""
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "bundled_autograd_cache", False))
+
+
+try:  # torch with AOT precompile
+    from torch._dynamo.aot_compile_types import SerializableCallable as _SerializableCallable
+except ImportError:  # pragma: no cover - a torch without it never precompiles
+    _SerializableCallable = object  # type: ignore[assignment,misc]
+
+
+class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid-type]
+    """The backend's per-call alias guard (backend.guard_disjoint_inputs) in a form torch's AOT precompile can
+    save: the compiled graph (AOT autograd's bundled entry), the untouched Dynamo graph it falls back to, and the
+    input pairs the proof assumed distinct."""
+
+    def __init__(self, compiled, original, pairs: tuple, boxed: bool):
+        self.compiled, self.original, self.pairs, self._boxed_call = compiled, original, pairs, boxed
+
+    def __call__(self, *args):
+        from .backend import _flat_inputs, inputs_share_memory
+
+        if inputs_share_memory(args, self.pairs):
+            return self.original(*_flat_inputs(args))
+        return self.compiled(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: "GuardedSerializableStep") -> bytes:
+        import pickle
+
+        from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
+                                                     GraphModuleSerializableCallable as Graph)
+
+        original = fn.original if isinstance(fn.original, Graph) else Graph(fn.original)
+        compiled = fn.compiled if isinstance(fn.compiled, Bundled) else Bundled(fn.compiled)
+        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), Graph.serialize_compile_artifacts(original),
+                             fn.pairs, fn._boxed_call))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> "GuardedSerializableStep":
+        import pickle
+
+        from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
+                                                     GraphModuleSerializableCallable as Graph)
+
+        compiled, original, pairs, boxed = pickle.loads(data)
+        return cls(Bundled.deserialize_compile_artifacts(compiled), Graph.deserialize_compile_artifacts(original),
+                   pairs, boxed)

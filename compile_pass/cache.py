@@ -190,10 +190,8 @@ def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_co
         except RuntimeError as e:
             if "SerializableCallable" not in str(e):
                 raise
-            raise ArtifactsError("this step cannot be AOT-compiled: its proof assumes some inputs are distinct and "
-                                 "checks that on each call in Python, which torch cannot save "
-                                 "(compile_pass.last_report().notes names them); use save_artifacts / "
-                                 "load_artifacts") from e
+            raise ArtifactsError("this step cannot be AOT-compiled: the backend's result is not one torch can "
+                                 f"save ({str(e).splitlines()[0][:200]}); use save_artifacts / load_artifacts") from e
 
 
 class LoadedStep:

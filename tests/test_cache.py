@@ -349,3 +349,32 @@ def test_findings_key_covers_region_bodies():
     inputs = [torch.zeros(2)]
     assert findings_key(check, a, inputs, {}) != findings_key(check, b, inputs, {})
     assert findings_key(check, a, inputs, {}) == findings_key(check, outer(lambda x: x + 1), inputs, {})
+
+
+def _writes(q, k, v, r2t, rpi, lens, other):
+    m = lens.max().item()
+    table = r2t[rpi, :m:4] // 4
+    other.add_(1)  # the proof assumes `other` is none of lens, r2t, rpi: a per-call guard checks it
+    return torch.ops.syncfree.paged_decode(q, k, v, table.to(torch.int32), lens.to(torch.int32))
+
+
+def test_an_aot_compiled_step_keeps_the_alias_guard(tmp_path):
+    """The backend's per-call check of the inputs the proof assumed distinct is saved with the step: called with
+    `other` a view of `lens`, the loaded step runs the untouched graph (eager semantics)."""
+    from compile_pass import _compat
+
+    if _compat.aot_compile_supported() is not None:
+        pytest.skip(_compat.aot_compile_supported())
+
+    def inputs(alias):
+        q, k, v, r2t, rpi, lens = _inputs()
+        return q, k, v, r2t, rpi, lens, (lens[:] if alias else torch.tensor([1, 2, 3]))
+
+    aot = cache.aot_compile(_writes, inputs(False), max_context_len=64)
+    assert compile_pass.last_report().disjoint_inputs and compile_pass.last_report().rewritten
+    aot.save_compiled_function(str(tmp_path / "step.aot"))
+    step = cache.load_compiled(tmp_path / "step.aot")
+    for alias in (False, True):
+        got, want = inputs(alias), inputs(alias)
+        torch.testing.assert_close(step(*got), _writes(*want))
+        torch.testing.assert_close(got[5], want[5])  # the in-place write landed as in eager
