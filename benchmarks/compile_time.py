@@ -657,18 +657,6 @@ def child(spec: dict) -> dict:
         sync()
         out[which] = time.perf_counter() - start
     times2, counters2 = _time_metrics(), _counters()
-    if spec.get("save_artifacts"):  # for the shipped-cache run of this variant (after the timed calls)
-        import compile_pass.cache
-
-        start = time.perf_counter()
-        try:
-            info = compile_pass.cache.save_artifacts(spec["save_artifacts"])
-            out["artifacts_saved"] = dict(s=time.perf_counter() - start, counts=info.counts,
-                                          bytes=os.path.getsize(spec["save_artifacts"]))
-        except Exception as e:  # noqa: BLE001  (recorded: the shipped run is then skipped)
-            out["artifacts_saved"] = dict(error=f"{type(e).__name__}: {e}"[:300])
-    if spec.get("save_precompiled") and spec["dl_variant"] == "e":
-        _precompile(out, spec, model, fb, k_pool, v_pool, config.max_context_len)
 
     first = timed_delta(times0, times1)
     later = timed_delta(times1, times2)
@@ -709,13 +697,25 @@ def child(spec: dict) -> dict:
         out["compile_times_table"] = private("torch._dynamo.utils.compile_times")(repr="str", aggregate=True)
     except Exception as e:
         out["compile_times_table"] = f"unavailable: {type(e).__name__}"
-    if spec["dl_variant"] == "e":
-        reports = compile_pass.reports(fn)
+    if spec["dl_variant"] == "e":  # a precompiled step's compile (and report) happened in its cold run
+        reports = compile_pass.reports(fn) if hasattr(fn, "_syncfree_reports") else compile_pass.reports()
         merged = compile_pass.SyncReport.merge(reports) if reports else None
         out["syncfree"] = None if merged is None else dict(
             graphs=len(reports), pass_s=merged.pass_seconds, backend_s=merged.backend_seconds,
             rewritten=len(merged.rewritten), kept=len(merged.kept), syncs_remaining=merged.syncs_remaining,
             notes=merged.notes[:5])
+    if spec.get("save_artifacts"):  # for the shipped-cache run of this variant (after every record above is taken)
+        import compile_pass.cache
+
+        start = time.perf_counter()
+        try:
+            info = compile_pass.cache.save_artifacts(spec["save_artifacts"])
+            out["artifacts_saved"] = dict(s=time.perf_counter() - start, counts=info.counts,
+                                          bytes=os.path.getsize(spec["save_artifacts"]))
+        except Exception as e:  # noqa: BLE001  (recorded: the shipped run is then skipped)
+            out["artifacts_saved"] = dict(error=f"{type(e).__name__}: {e}"[:300])
+    if spec.get("save_precompiled") and spec["dl_variant"] == "e":
+        _precompile(out, spec, model, fb, k_pool, v_pool, config.max_context_len)
     return out
 
 
@@ -855,7 +855,9 @@ def parse_args(argv=None):
     parser.add_argument("--knob-variant", default="syncfree-regional", choices=list(VARIANTS))
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
-                        help="no shipped-cache starts (cold runs then save no artifacts)")
+                        help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
+    parser.add_argument("--no-precompiled", dest="precompiled", action="store_false",
+                        help="no precompiled starts (the cold syncfree runs then do not AOT-compile the step again)")
     parser.add_argument("--smoke", action="store_true",
                         help="the CPU smoke run: " + ", ".join(f"--{k} {v if isinstance(v, str) else ' '.join(v)}"
                                                               for k, v in SMOKE.items()) + ", --shape tiny")
@@ -900,7 +902,8 @@ def main(argv=None):
     # A stage's time limit sends SIGTERM: end as an exception does, so that the running child is killed and the
     # cache directories are removed; the JSON already holds every finished run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    runs = plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped)
+    runs = [r for r in plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped)
+            if args.precompiled or r["cache"] != "precompiled"]
     data = dict(args={k: v for k, v in vars(args).items() if k != "child"}, command=" ".join(sys.argv),
                 legend=dict(phases=PHASES, derived={k: v[0] for k, v in DERIVED.items()}, outside_compile=OUTSIDE[1]),
                 runs=[], skipped=[])
@@ -929,8 +932,9 @@ def main(argv=None):
             print(f"{run['name']} in a fresh process ...", flush=True)
             artifacts = None
             if run["cache"] == "cold" and run["knob"] == "default" and args.shipped:
-                artifacts = dict(save_artifacts=os.path.join(root, ARTIFACTS),
-                                 save_precompiled=os.path.join(root, PRECOMPILED))
+                artifacts = dict(save_artifacts=os.path.join(root, ARTIFACTS))
+                if args.precompiled:
+                    artifacts["save_precompiled"] = os.path.join(root, PRECOMPILED)
             elif run["cache"] in ("shipped", "precompiled"):
                 file, key = SAVED[run["cache"]]
                 artifacts = {key: os.path.join(roots[run["artifacts"]], file)}
