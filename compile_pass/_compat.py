@@ -415,10 +415,25 @@ class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid
         from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
                                                      GraphModuleSerializableCallable as Graph)
 
-        original = fn.original if isinstance(fn.original, Graph) else Graph(fn.original)
         compiled = fn.compiled if isinstance(fn.compiled, Bundled) else Bundled(fn.compiled)
-        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), Graph.serialize_compile_artifacts(original),
-                             fn.pairs, fn._boxed_call))
+        if isinstance(fn.original, Graph):
+            original = Graph.serialize_compile_artifacts(fn.original)
+        else:  # the fallback runs eagerly and needs no node meta, which holds fake tensors torch cannot pickle
+            graphs = [m for m in fn.original.modules() if isinstance(m, torch.fx.GraphModule)]
+            saved = [(node, node.meta) for m in graphs for node in m.graph.nodes]
+            saved_meta = [(m, m.meta) for m in graphs]
+            try:
+                for node, _ in saved:
+                    node.meta = {}
+                for m, _ in saved_meta:
+                    m.meta = {}
+                original = Graph.serialize_compile_artifacts(Graph(fn.original))
+            finally:
+                for node, meta in saved:
+                    node.meta = meta
+                for m, meta in saved_meta:
+                    m.meta = meta
+        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), original, fn.pairs, fn._boxed_call))
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> "GuardedSerializableStep":
