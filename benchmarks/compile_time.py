@@ -201,6 +201,15 @@ def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = Fa
     return runs
 
 
+def expected_wall(walls: dict, run: dict) -> float:
+    """What a run is expected to take: its variant's run of the same cache kind, else (a shipped or precompiled
+    start) its warm run, else its cold run, else the longest run so far."""
+    for cache in (run["cache"], "warm" if run["cache"] != "cold" else None, "cold"):
+        if (run["variant"], cache) in walls:
+            return walls[(run["variant"], cache)]
+    return max(walls.values(), default=0.0)
+
+
 def timed_delta(before: dict, after: dict) -> dict:
     """{key: [seconds...]} records added between two copies of compilation_time_metrics."""
     return {k: list(v[len(before.get(k, ())):]) for k, v in after.items() if len(v) > len(before.get(k, ()))}
@@ -909,11 +918,12 @@ def main(argv=None):
                 runs=[], skipped=[])
     roots: dict[str, str] = {}
     failed: set[str] = set()  # caches whose cold run failed: no warm rerun on them
-    walls: dict[str, float] = {}  # variant -> process wall of its cold run: what its later runs are expected to take
+    # (variant, cache) -> process wall of its first default run: what its later runs are expected to take
+    walls: dict[tuple[str, str], float] = {}
     start = time.perf_counter()
     try:
         for run in runs:
-            expected = walls.get(run["variant"], max(walls.values(), default=0.0))
+            expected = expected_wall(walls, run)
             left = None if args.budget is None else args.budget - (time.perf_counter() - start)
             why = None
             if run["cache"] == "warm" and run["caches"] in failed:
@@ -941,8 +951,8 @@ def main(argv=None):
             result = run_child(args, run, root, timeout, artifacts)
             if "error" in result:
                 failed.add(run["caches"])
-            elif run["cache"] == "cold" and run["knob"] == "default":
-                walls[run["variant"]] = result["process_wall_s"]
+            elif run["knob"] == "default":
+                walls.setdefault((run["variant"], run["cache"]), result["process_wall_s"])
             data["runs"].append(result)
             data["env"] = data.get("env") or result.get("env")
             for line in summary_lines(result):

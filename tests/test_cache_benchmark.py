@@ -56,3 +56,14 @@ def test_smoke_settings_and_the_stage():
     assert args.variants == compile_time.SMOKE["variants"]
     script = open(os.path.join(os.path.dirname(compile_time.__file__), "run_h200.sh")).read()
     assert "    startup)" in script and "compile_time.py" in script.split("    startup)")[1].split(";;")[0]
+
+
+def test_the_budget_expects_a_start_to_take_what_its_warm_run_took():
+    import compile_time
+
+    walls = {("syncfree-regional", "cold"): 60.0, ("syncfree-regional", "warm"): 20.0, ("stock-whole", "cold"): 45.0}
+    run = lambda variant, cache: dict(variant=variant, cache=cache)  # noqa: E731
+    assert compile_time.expected_wall(walls, run("syncfree-regional", "shipped")) == 20.0
+    assert compile_time.expected_wall(walls, run("syncfree-regional", "cold")) == 60.0
+    assert compile_time.expected_wall(walls, run("stock-whole", "shipped")) == 45.0
+    assert compile_time.expected_wall(walls, run("syncfree-whole", "cold")) == 60.0
