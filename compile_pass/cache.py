@@ -157,7 +157,11 @@ def load_artifacts(path: str | Path, *, strict: bool = False) -> ArtifactsInfo:
     differs = _mismatches(header, identity())
     if differs:
         return refuse("built with " + ", ".join(differs), built_by)
-    counts = _compat.load_cache_artifacts(blob)
+    try:
+        counts = _compat.load_cache_artifacts(blob)
+    except Exception as e:  # noqa: BLE001  (torch writing its caches: a full or read-only disk, say)
+        return refuse(f"torch could not write its artifacts into this process's caches ({type(e).__name__}: "
+                      f"{str(e)[:200]})", built_by)
     if counts is None:
         return refuse("torch could not read its artifacts", built_by)
     findings = header.get("findings") or {}

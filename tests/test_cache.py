@@ -141,6 +141,17 @@ def test_foreign_damaged_and_missing_files_warn_and_load_nothing(tmp_path):
     _refused(_forge(tmp_path / "garbage.bin", blob=b"\x00\x01 not torch's format"), "torch could not read")
 
 
+
+def test_a_failing_cache_write_warns_and_loads_nothing(tmp_path, monkeypatch):
+    from compile_pass import _compat
+
+    def full_disk(blob):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_compat, "load_cache_artifacts", full_disk)
+    _refused(_forge(tmp_path / "ok.bin"), "could not write its artifacts.*No space left")
+
+
 def test_save_without_a_compile_says_what_to_do(tmp_path, monkeypatch):
     from compile_pass import _compat
 
