@@ -32,7 +32,6 @@ from .report import node_location
 _FINDINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("syncfree_post_grad", default=None)
 
 
-
 def _package_dirs() -> list[Path]:
     """compile_pass/ and the folders mapped under it (kernels/ lives beside it in the source tree)."""
     import importlib.util
@@ -51,7 +50,7 @@ def source_hash() -> str:
     h = hashlib.sha256()
     for root in _package_dirs():
         for path in sorted(root.glob("**/*.py")):
-            h.update(path.name.encode())
+            h.update(path.relative_to(root).as_posix().encode())
             h.update(path.read_bytes())
     return h.hexdigest()
 
