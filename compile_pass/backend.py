@@ -76,10 +76,12 @@ def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pa
     Under torch's AOT precompile the guard is an object torch can save with the graph (compile_pass.cache)."""
     if not pairs:
         return compiled
-    if _compat.precompiling() and hasattr(compiled, "serialize"):
-        return _compat.GuardedSerializableStep(compiled, original, tuple(pairs),
-                                               getattr(compiled, "_boxed_call", False))
     boxed = getattr(compiled, "_boxed_call", False)
+    if _compat.precompiling() and hasattr(compiled, "serialize"):
+        try:
+            return _compat.GuardedSerializableStep(compiled, original, tuple(pairs), boxed)
+        except TypeError:  # a torch whose SerializableCallable asks for other methods: the closure below
+            pass
 
     def guarded(*args):
         # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
