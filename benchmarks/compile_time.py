@@ -1,8 +1,11 @@
-"""Benchmark: where the cold first call of the 8B-shaped decode loop spends its time (issue 22).
+"""Benchmark: where the first call of the 8B-shaped decode loop spends its time, cold, warm and from shipped
+cache artifacts (issues 22 and 29).
 
     python benchmarks/compile_time.py [--variants syncfree-regional syncfree-whole stock-regional stock-whole]
-                                      [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE]
-                                      [--knob-variant syncfree-regional] [--no-warm] [--budget S] [--timeout S]
+                                      [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE
+                                       | opt:KEY=VALUE]
+                                      [--knob-variant syncfree-regional] [--no-warm] [--no-shipped]
+                                      [--budget S] [--timeout S] [--smoke]
                                       [--layers 32] [--batch 1] [--context 4096] [--steps 128]
                                       [--device cuda|cpu] [--shape 8b|tiny] [--trace DIR] [--json out.json]
 
@@ -11,7 +14,12 @@ decode_loop.py's --cold-compile does (decode_loop.model_config, TinyLlama, Loop,
 call and prints one RESULT line of JSON; this process never imports torch, so it holds no GPU. A "cold" run gets
 empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR (temporary directories); its "warm" rerun is a second
 fresh process on the same, now filled, directories (Dynamo traces again; AOT, Inductor and Triton artifacts come
-from the caches). Variants:
+from the caches). A "shipped" run is a fresh process on new, empty directories that first loads the artifacts
+file its variant's cold run saved (compile_pass.cache.save_artifacts / load_artifacts: torch's mega-cache and the
+post-grad findings), as a serving machine does with artifacts built at image build time. A "precompiled" run
+(syncfree variants, where torch has aot_compile) is a fresh process on new, empty directories that reads the step
+its variant's cold run AOT-compiled after its timed calls (compile_pass.cache.aot_compile / load_compiled: no
+Dynamo trace at the first call). Variants:
   syncfree-regional   decode_loop's (e): compile_pass.compile(..., cudagraphs=True), TinyLlamaConfig(regional=True)
   syncfree-whole      (e) without regions
   stock-regional      decode_loop's (b): stock torch.compile, regional
@@ -25,7 +33,10 @@ Knobs (each one more cold run of --knob-variant, after the variants and their wa
   no-cudagraph-trees     triton.cudagraph_trees=False: plain cudagraphify instead of CUDA-graph trees
   no-pattern-matcher     pattern_matcher=False: no pre/post-grad pattern passes
   cfg:KEY=VALUE          any Inductor config (dotted, e.g. cfg:triton.persistent_reductions=False)
-  env:NAME=VALUE         any environment variable of the child
+  env:NAME=VALUE         any environment variable of the child (e.g. env:TORCHINDUCTOR_COMPILE_THREADS=16)
+  opt:KEY=VALUE          a syncfree backend option of the (e) variants (e.g. opt:checked=False: no device assert)
+  no-checked             opt:checked=False (what the pass's device assertion costs in compile time)
+--smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
 its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
 skipped runs are listed in the JSON, which is rewritten after every run. Per run the JSON holds:
@@ -85,6 +96,7 @@ KNOBS = {
     "no-pointwise-autotune": dict(config={"triton.autotune_pointwise": False}),
     "no-cudagraph-trees": dict(config={"triton.cudagraph_trees": False}),
     "no-pattern-matcher": dict(config={"pattern_matcher": False}),
+    "no-checked": dict(options={"checked": False}),
 }
 
 # A small model for a CPU smoke run: the loop's structure, not its size.
@@ -141,6 +153,10 @@ DERIVED = {
 OUTSIDE = ("outside_compile", "the first call less Dynamo's whole compile: the warm-up run, the project's kernels' "
            "JIT, runtime autotuning, CUDA graphs")
 NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False}
+ARTIFACTS = "artifacts.bin"  # in a cold run's cache root: compile_pass.cache.save_artifacts' file
+PRECOMPILED = "step.aot"  # beside it: the step compile_pass.cache.aot_compile saved (syncfree variants)
+SAVED = {"shipped": (ARTIFACTS, "load_artifacts"), "precompiled": (PRECOMPILED, "load_precompiled")}  # file, spec key
+SMOKE = dict(variants=["syncfree-regional", "stock-whole"], knobs=["no-checked"], device="cpu")
 
 
 # -- pure helpers (tested on CPU in tests/test_benchmark_helpers.py) ------------------------------------------------
@@ -152,29 +168,46 @@ def parse_knob(name: str) -> dict:
         return {**NO_KNOB, **KNOBS[name]}
     kind, _, setting = name.partition(":")
     key, eq, value = setting.partition("=")
-    if kind not in ("cfg", "env") or not key or not eq:
-        raise SystemExit(f"unknown knob {name!r}: one of {', '.join(KNOBS)}, cfg:KEY=VALUE or env:NAME=VALUE")
+    if kind not in ("cfg", "env", "opt") or not key or not eq:
+        raise SystemExit(f"unknown knob {name!r}: one of {', '.join(KNOBS)}, cfg:KEY=VALUE, env:NAME=VALUE or "
+                         "opt:KEY=VALUE")
     if kind == "env":
         return {**NO_KNOB, "env": {key: value}}
     try:
         parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError):
         parsed = value
-    return {**NO_KNOB, "config": {key: parsed}}
+    return {**NO_KNOB, ("config" if kind == "cfg" else "options"): {key: parsed}}
 
 
-def plan_runs(variants, knobs, knob_variant: str, warm: bool) -> list[dict]:
-    """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), then one
-    cold run per knob (of knob_variant, whose plain cold run is added first when it is not among the variants)."""
+def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = False) -> list[dict]:
+    """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), their
+    shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
+    run's caches), then one cold run per knob (of knob_variant, whose plain cold run is added first when it is not
+    among the variants)."""
     cold = list(variants)
     if knobs and knob_variant not in cold:
         cold.insert(0, knob_variant)
     runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
     if warm:
         runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
+    if shipped:
+        runs += [dict(name=f"{v} shipped", variant=v, knob="default", cache="shipped", caches=f"{v}+shipped",
+                      artifacts=v) for v in cold]
+        runs += [dict(name=f"{v} precompiled", variant=v, knob="default", cache="precompiled",
+                      caches=f"{v}+precompiled", artifacts=v) for v in cold if VARIANTS[v][0] == "e"]
     runs += [dict(name=f"{knob_variant} cold {k}", variant=knob_variant, knob=k, cache="cold",
                   caches=f"{knob_variant}+{k}") for k in knobs]
     return runs
+
+
+def expected_wall(walls: dict, run: dict) -> float:
+    """What a run is expected to take: its variant's run of the same cache kind, else (a shipped or precompiled
+    start) its warm run, else its cold run, else the longest run so far."""
+    for cache in (run["cache"], "warm" if run["cache"] != "cold" else None, "cold"):
+        if (run["variant"], cache) in walls:
+            return walls[(run["variant"], cache)]
+    return max(walls.values(), default=0.0)
 
 
 def timed_delta(before: dict, after: dict) -> dict:
@@ -235,6 +268,21 @@ def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, fl
     )
 
 
+def kernel_sources_summary(kernels: list[tuple[str, str, str]]) -> dict:
+    """Per kind (triton, cpp): kernels Inductor asked to compile (name, source) and how many distinct sources among
+    them, a kernel's own name left out of its source (the same layer body compiled in two graphs gets two names):
+    32 identical layers should give one set."""
+    import hashlib
+
+    out: dict = {}
+    for kind, name, source in kernels:
+        slot = out.setdefault(kind, dict(n=0, distinct=set()))
+        slot["n"] += 1
+        text = source.replace(name, "KERNEL") if name else source
+        slot["distinct"].add(hashlib.sha1(text.encode()).hexdigest())
+    return {kind: dict(n=v["n"], distinct=len(v["distinct"])) for kind, v in out.items()}
+
+
 def launch_summary(launches: list[tuple[str, float]]) -> dict:
     """Per @triton.jit kernel launched from Python: launches, the first one's seconds (its JIT compile, or its
     load from Triton's cache, plus the launch), the slowest and the total."""
@@ -291,6 +339,7 @@ class Probes:
         self.triton: list[dict] = []  # Triton compiles in this process
         self.worker_infos: list[tuple[str, float | None]] = []  # Inductor's per-kernel compile records
         self.launches: list[tuple[str, float]] = []  # (kernel, seconds) of each @triton.jit launch from Python
+        self.kernels: list[tuple[str, str, str]] = []  # (kind, name, source) Inductor handed to AsyncCompile
         self.local = threading.local()
         self.installed: dict[str, bool] = {}
 
@@ -333,6 +382,19 @@ class Probes:
                 return original(kernel_name, info, *args, **kwargs)
             return add_info
         inst["_add_triton_kernel_info"] = wrap("torch._inductor.async_compile._add_triton_kernel_info", make_info)
+
+        def make_source(kind, with_name):  # triton(kernel_name, source_code, ...), cpp_pybinding(argtypes, source_code)
+            def make(original):
+                @functools.wraps(original)
+                def compile(self, first, source_code, *args, **kwargs):
+                    probes.kernels.append((kind, str(first) if with_name else "", str(source_code)))
+                    return original(self, first, source_code, *args, **kwargs)
+                return compile
+            return make
+        inst["AsyncCompile.triton"] = wrap("torch._inductor.async_compile.AsyncCompile.triton",
+                                           make_source("triton", True))
+        inst["AsyncCompile.cpp_pybinding"] = wrap("torch._inductor.async_compile.AsyncCompile.cpp_pybinding",
+                                                  make_source("cpp", False))
         self._install_triton()
 
     def _install_triton(self):
@@ -391,7 +453,7 @@ class Probes:
     def mark(self) -> dict:
         return dict(top={k: len(v) for k, v in self.top.items()}, nested={k: len(v) for k, v in self.nested.items()},
                     lowerings=len(self.lowerings), triton=len(self.triton), worker_infos=len(self.worker_infos),
-                    launches=len(self.launches))
+                    launches=len(self.launches), kernels=len(self.kernels))
 
     def since(self, mark: dict) -> dict:
         def span(records, start):
@@ -407,6 +469,7 @@ class Probes:
                                  by_name=dict(names)),
             triton=triton_summary(self.triton[mark["triton"]:], self.worker_infos[mark["worker_infos"]:]),
             jit_launches=launch_summary(self.launches[mark["launches"]:]),
+            kernel_sources=kernel_sources_summary(self.kernels[mark["kernels"]:]),
         )
 
 
@@ -495,6 +558,25 @@ def _environment(device: str) -> dict:
     return env
 
 
+def _step_of_inputs(model, fb, k_pool, v_pool):
+    """The (e) step with the model and pools as inputs: what aot_compile saves (a closure over a module or a
+    tensor would be pickled into the file)."""
+    return model(fb, k_pool, v_pool)
+
+
+def _precompile(out: dict, spec: dict, model, fb, k_pool, v_pool, max_context_len: int) -> None:
+    import compile_pass.cache
+
+    start = time.perf_counter()
+    try:
+        aot = compile_pass.cache.aot_compile(_step_of_inputs, (model, fb, k_pool, v_pool),
+                                             max_context_len=max_context_len, cudagraphs=True)
+        aot.save_compiled_function(spec["save_precompiled"])
+        out["precompiled_saved"] = dict(s=time.perf_counter() - start, bytes=os.path.getsize(spec["save_precompiled"]))
+    except Exception as e:  # noqa: BLE001  (recorded: the precompiled run is then skipped)
+        out["precompiled_saved"] = dict(error=f"{type(e).__name__}: {e}"[:400])
+
+
 def child(spec: dict) -> dict:
     out: dict = dict(spec=spec)
     start = time.perf_counter()
@@ -537,9 +619,36 @@ def child(spec: dict) -> dict:
     else:
         fb = decode_loop.make_batch(config, [spec["context"]] * spec["batch"], device=device)
         sync = lambda: None  # noqa: E731
-    fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config)
+    options = knob.get("options") or {}
+    if options and spec["dl_variant"] == "e":  # decode_loop's (e) with backend options of the knob
+        fn = compile_pass.compile(lambda fb: model(fb, k_pool, v_pool), max_context_len=config.max_context_len,
+                                  cudagraphs=True, fullgraph=True, **options)
+    else:
+        fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config)
     sync()
     out["model_build_s"] = time.perf_counter() - start
+    if spec.get("load_precompiled"):  # a precompiled start: the saved step, the normal compile as its fallback
+        import compile_pass.cache
+
+        fallbacks = []
+        normal = fn
+        start = time.perf_counter()
+        loaded = compile_pass.cache.load_compiled(
+            spec["load_precompiled"], fallback=lambda model, fb, k, v: fallbacks.append(1) or normal(fb))
+        out["precompiled_load"] = dict(s=time.perf_counter() - start, loaded=loaded.compiled is not None,
+                                       fallback_calls=fallbacks)
+        fn = lambda fb: loaded(model, fb, k_pool, v_pool)  # noqa: E731
+    if spec.get("load_artifacts"):  # a shipped-cache start: the artifacts first, as a server's start-up does
+        import warnings
+
+        import compile_pass.cache
+
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", compile_pass.cache.ArtifactsMismatch)
+            info = compile_pass.cache.load_artifacts(spec["load_artifacts"])
+        out["cache_load"] = dict(s=time.perf_counter() - start, loaded=info.loaded, reason=info.reason,
+                                 counts=info.counts, warnings=[str(w.message)[:300] for w in caught])
 
     metrics_start = len(list((private("torch._dynamo.utils.get_compilation_metrics") or (lambda: []))()))
     times0, counters0, mark0 = _time_metrics(), _counters(), probes.mark()
@@ -597,29 +706,44 @@ def child(spec: dict) -> dict:
         out["compile_times_table"] = private("torch._dynamo.utils.compile_times")(repr="str", aggregate=True)
     except Exception as e:
         out["compile_times_table"] = f"unavailable: {type(e).__name__}"
-    if spec["dl_variant"] == "e":
-        reports = compile_pass.reports(fn)
+    if spec["dl_variant"] == "e":  # a precompiled step's compile (and report) happened in its cold run
+        reports = compile_pass.reports(fn) if hasattr(fn, "_syncfree_reports") else compile_pass.reports()
         merged = compile_pass.SyncReport.merge(reports) if reports else None
         out["syncfree"] = None if merged is None else dict(
             graphs=len(reports), pass_s=merged.pass_seconds, backend_s=merged.backend_seconds,
             rewritten=len(merged.rewritten), kept=len(merged.kept), syncs_remaining=merged.syncs_remaining,
             notes=merged.notes[:5])
+    if spec.get("save_artifacts"):  # for the shipped-cache run of this variant (after every record above is taken)
+        import compile_pass.cache
+
+        start = time.perf_counter()
+        try:
+            info = compile_pass.cache.save_artifacts(spec["save_artifacts"])
+            out["artifacts_saved"] = dict(s=time.perf_counter() - start, counts=info.counts,
+                                          bytes=os.path.getsize(spec["save_artifacts"]))
+        except Exception as e:  # noqa: BLE001  (recorded: the shipped run is then skipped)
+            out["artifacts_saved"] = dict(error=f"{type(e).__name__}: {e}"[:300])
+    if spec.get("save_precompiled") and spec["dl_variant"] == "e":
+        _precompile(out, spec, model, fb, k_pool, v_pool, config.max_context_len)
     return out
 
 
 # -- the parent: fresh processes, caches, the budget ------------------------------------------------------------
-def spec_of(args, run: dict) -> dict:
+def spec_of(args, run: dict, save_artifacts: str | None = None, load_artifacts: str | None = None,
+            save_precompiled: str | None = None, load_precompiled: str | None = None) -> dict:
     dl_variant, regional = VARIANTS[run["variant"]]
     return dict(name=run["name"], variant=run["variant"], knob=run["knob"], cache=run["cache"],
                 dl_variant=dl_variant, regional=regional, layers=args.layers, batch=args.batch,
-                context=args.context, steps=args.steps, device=args.device, shape=args.shape)
+                context=args.context, steps=args.steps, device=args.device, shape=args.shape,
+                save_artifacts=save_artifacts, load_artifacts=load_artifacts, save_precompiled=save_precompiled,
+                load_precompiled=load_precompiled)
 
 
 def count_files(root: str, suffix: str) -> int:
     return sum(1 for _ in Path(root).rglob(f"*{suffix}")) if os.path.isdir(root) else 0
 
 
-def run_child(args, run: dict, cache_root: str, timeout: float) -> dict:
+def run_child(args, run: dict, cache_root: str, timeout: float, artifacts: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update(TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor", TRITON_CACHE_DIR=f"{cache_root}/triton",
                TMPDIR=f"{cache_root}/tmp", PYTHONUNBUFFERED="1")
@@ -628,7 +752,7 @@ def run_child(args, run: dict, cache_root: str, timeout: float) -> dict:
     if args.trace:
         env["TORCH_TRACE"] = os.path.join(os.path.abspath(args.trace),
                                           "".join(c if c.isalnum() or c in "-." else "_" for c in run["name"]))
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec_of(args, run))]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec_of(args, run, **(artifacts or {})))]
     cubins_before = count_files(env["TRITON_CACHE_DIR"], ".cubin")
     start = time.perf_counter()
     # Its own process group: a timeout (or this process ending) takes its compile workers down with it.
@@ -653,6 +777,14 @@ def run_child(args, run: dict, cache_root: str, timeout: float) -> dict:
     result.update(run=run, process_wall_s=wall, triton_cache_binaries=cubins,
                   triton_cache_binaries_added=cubins - cubins_before)
     return result
+
+
+def load_seconds(r: dict) -> float | None:
+    """Seconds a start spent loading before its first call: the shipped artifacts, or the precompiled step."""
+    for key in ("cache_load", "precompiled_load"):
+        if r.get(key):
+            return r[key]["s"]
+    return None
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -712,7 +844,18 @@ def summary_lines(r: dict) -> list[str]:
                  + f"; partitions {r['cudagraphs']['partitions']}")
     lines.append(f"- counts: frames compiled {c['frames_compiled']}, dynamo graphs {c['dynamo_graphs']}, graph breaks "
                  f"{c['graph_breaks']}, recompiles {c['recompiles']}, compile_fx {c['compile_fx_calls']}, inductor "
-                 f"graphs {c['inductor_graphs']} (subgraphs {c['inductor_subgraphs']}), fx cache {c['fx_graph_cache']}")
+                 f"graphs {c['inductor_graphs']} (subgraphs {c['inductor_subgraphs']}), fx cache {c['fx_graph_cache']}, "
+                 f"aot autograd cache {c['aot_autograd_cache']}")
+    sources = r["probes_first_call"].get("kernel_sources") or {}
+    lines.append("- kernels the graphs asked AsyncCompile for (built, or loaded from the caches): " + (", ".join(f"{k} {v['n']} ({v['distinct']} distinct)"
+                                                         for k, v in sources.items()) or "none"))
+    if r.get("cache_load"):
+        cl = r["cache_load"]
+        lines.append(f"- shipped artifacts: loaded {cl['loaded']} in {cl['s']:.2f} s {cl['counts']}"
+                     + (f" ({cl['reason']})" if cl["reason"] else ""))
+    for key in ("artifacts_saved", "precompiled_saved", "precompiled_load"):
+        if r.get(key):
+            lines.append(f"- {key.replace('_', ' ')}: {r[key]}")
     if r.get("syncfree"):
         s = r["syncfree"]
         lines.append(f"- syncfree: pass {s['pass_s']:.2f} s, backend {s['backend_s']:.1f} s, graphs {s['graphs']}, "
@@ -728,6 +871,13 @@ def parse_args(argv=None):
                              "env:NAME=VALUE")
     parser.add_argument("--knob-variant", default="syncfree-regional", choices=list(VARIANTS))
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
+    parser.add_argument("--no-shipped", dest="shipped", action="store_false",
+                        help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
+    parser.add_argument("--no-precompiled", dest="precompiled", action="store_false",
+                        help="no precompiled starts (the cold syncfree runs then do not AOT-compile the step again)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the CPU smoke run: " + ", ".join(f"--{k} {v if isinstance(v, str) else ' '.join(v)}"
+                                                              for k, v in SMOKE.items()) + ", --shape tiny")
     parser.add_argument("--layers", type=int, default=None, help="default: 32 (the 8B shape), 2 with --shape tiny")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=None, help="default 4096 (64 with --shape tiny)")
@@ -744,6 +894,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return args
+    if args.smoke:
+        args.variants, args.knobs, args.device = SMOKE["variants"], SMOKE["knobs"], SMOKE["device"]
     for knob in args.knobs:
         parse_knob(knob)  # fail now, naming it
     args.shape = args.shape or ("8b" if args.device == "cuda" else "tiny")
@@ -767,21 +919,26 @@ def main(argv=None):
     # A stage's time limit sends SIGTERM: end as an exception does, so that the running child is killed and the
     # cache directories are removed; the JSON already holds every finished run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    runs = plan_runs(args.variants, args.knobs, args.knob_variant, args.warm)
+    runs = [r for r in plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped)
+            if args.precompiled or r["cache"] != "precompiled"]
     data = dict(args={k: v for k, v in vars(args).items() if k != "child"}, command=" ".join(sys.argv),
                 legend=dict(phases=PHASES, derived={k: v[0] for k, v in DERIVED.items()}, outside_compile=OUTSIDE[1]),
                 runs=[], skipped=[])
     roots: dict[str, str] = {}
     failed: set[str] = set()  # caches whose cold run failed: no warm rerun on them
-    walls: dict[str, float] = {}  # variant -> process wall of its cold run: what its later runs are expected to take
+    # (variant, cache) -> process wall of its first default run: what its later runs are expected to take
+    walls: dict[tuple[str, str], float] = {}
     start = time.perf_counter()
     try:
         for run in runs:
-            expected = walls.get(run["variant"], max(walls.values(), default=0.0))
+            expected = expected_wall(walls, run)
             left = None if args.budget is None else args.budget - (time.perf_counter() - start)
             why = None
             if run["cache"] == "warm" and run["caches"] in failed:
                 why = "its cold run failed"
+            elif run["cache"] in ("shipped", "precompiled") and not os.path.exists(
+                    os.path.join(roots.get(run["artifacts"], "-"), SAVED[run["cache"]][0])):
+                why = "its cold run saved no " + ("artifacts" if run["cache"] == "shipped" else "precompiled step")
             elif left is not None and left < max(expected * 1.1, 10.0):
                 why = f"{max(left, 0):.0f} s of the budget left, the run is expected to take {expected:.0f} s"
             if why:
@@ -791,11 +948,19 @@ def main(argv=None):
             root = roots.setdefault(run["caches"], tempfile.mkdtemp(prefix="compile-time-"))
             timeout = args.timeout if left is None else min(args.timeout, left)
             print(f"{run['name']} in a fresh process ...", flush=True)
-            result = run_child(args, run, root, timeout)
+            artifacts = None
+            if run["cache"] == "cold" and run["knob"] == "default" and args.shipped:
+                artifacts = dict(save_artifacts=os.path.join(root, ARTIFACTS))
+                if args.precompiled:
+                    artifacts["save_precompiled"] = os.path.join(root, PRECOMPILED)
+            elif run["cache"] in ("shipped", "precompiled"):
+                file, key = SAVED[run["cache"]]
+                artifacts = {key: os.path.join(roots[run["artifacts"]], file)}
+            result = run_child(args, run, root, timeout, artifacts)
             if "error" in result:
                 failed.add(run["caches"])
-            elif run["cache"] == "cold" and run["knob"] == "default":
-                walls[run["variant"]] = result["process_wall_s"]
+            elif run["knob"] == "default":
+                walls.setdefault((run["variant"], run["cache"]), result["process_wall_s"])
             data["runs"].append(result)
             data["env"] = data.get("env") or result.get("env")
             for line in summary_lines(result):
@@ -806,15 +971,18 @@ def main(argv=None):
             shutil.rmtree(root, ignore_errors=True)
     data["table"] = [dict(run=r["run"]["name"], first_call_s=r.get("first_call_s"),
                           backend_s=(r.get("phases_first_call") or {}).get("backend_call"),
+                          cache_load_s=load_seconds(r),
                           error=r.get("error")) for r in data["runs"]]
-    print("\nrun | first call s | dynamo own s | backend s | inductor s | async compile wait s | outside compile s")
+    print("\nrun | first call s | dynamo own s | backend s | inductor s | async compile wait s | outside compile s"
+          " | cache load s | fx cache")
     for r in data["runs"]:
         if "error" in r:
             print(f"{r['run']['name']} | error: {r['error']}")
             continue
         p, d = r["phases_first_call"], r["derived_first_call"]
         print(" | ".join([r["run"]["name"], _f(r["first_call_s"]), _f(d["dynamo_own"]), _f(p["backend_call"]),
-                          _f(p["inductor_compile_fx_inner"]), _f(p["triton_async_wait"]), _f(d[OUTSIDE[0]])]))
+                          _f(p["inductor_compile_fx_inner"]), _f(p["triton_async_wait"]), _f(d[OUTSIDE[0]]),
+                          _f(load_seconds(r), "{:.2f}"), str(r["counts"]["fx_graph_cache"])]))
     write(args.json, data)
 
 

@@ -31,6 +31,12 @@
 #   compile-time  benchmarks/compile_time.py: where the 8B-shaped loop's cold first call goes (issue 22); each
 #              variant (syncfree / stock, regional / whole) cold and warm in fresh processes, then knob runs while
 #              the budget ($CT_LIMIT - 20 s) lasts; $CT_ARGS replaces the default knob list (and may add flags)
+#   startup    benchmarks/compile_time.py for issue 29: syncfree regional / whole and stock whole / regional, each
+#              cold (empty caches), warm (a second process on the same caches) and shipped (a third process on
+#              new empty caches that first loads the artifacts the cold run saved with compile_pass.cache), with
+#              the breakdown and kernel counts; then knob runs (levers) while the budget ($STARTUP_LIMIT - 20 s)
+#              lasts; $STARTUP_ARGS replaces the default knob list (and may add flags). Fits one device call:
+#              STARTUP_LIMIT defaults to 500 s
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -162,6 +168,14 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       TAIL=60 bench "$ct_limit" compile_time compile_time.py --budget $((ct_limit - 20)) \
         ${CT_ARGS:---knobs threads1 prewarm-pool no-cudagraph-trees no-pointwise-autotune} --json "$OUT/compile_time.json"
+      ;;
+    startup)
+      st_limit=${STARTUP_LIMIT:-500}
+      # shellcheck disable=SC2086
+      TAIL=80 bench "$st_limit" startup compile_time.py --budget $((st_limit - 20)) --timeout 200 \
+        --variants syncfree-regional syncfree-whole stock-whole stock-regional \
+        ${STARTUP_ARGS:---knobs no-cudagraph-trees no-checked prewarm-pool no-pointwise-autotune} \
+        --json "$OUT/startup.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

@@ -41,6 +41,7 @@ def _torch_autoload() -> None:
 
 if not _LIGHT:
     from . import kernels  # noqa: F401  (registers the torch.ops.syncfree ops)
+    from . import cache  # noqa: F401  (compile_pass.cache: start-up caches to build once and ship)
     from .backend import compile, syncfree_backend
     from .consumers import (
         SelfGuardingConsumer,

@@ -36,7 +36,7 @@ def inductor_config_value(name: str):
 
 
 def inductor_config_fingerprint() -> str:
-    """Inductor's global config, as text: part of the key under which post-grad findings are stored."""
+    """Inductor's global config, as text (every key, machine-dependent ones such as compile_threads included)."""
     from torch._inductor import config
 
     return repr(sorted((k, repr(v)) for k, v in config.get_config_copy().items()))
@@ -309,3 +309,139 @@ def user_triton_kernel(node: torch.fx.Node):
     except (AssertionError, KeyError):
         return None
     return kernel, dict(constants)
+
+
+# -- compile caches (issue 29) ------------------------------------------------------------------------------------
+# What compile_pass.cache builds on: torch's "mega-cache" (torch.compiler.save_cache_artifacts /
+# load_cache_artifacts, every supported torch), its AOT precompile (`torch.compile(fn).aot_compile`,
+# torch.compiler.load_compiled_function; not on every supported torch), Inductor's view of its own config for
+# cache keys, and the cache counters.
+
+def inductor_cache_config_fingerprint() -> str:
+    """Inductor's config as its FX graph cache key sees it (`save_config_portable`): settings that do not change
+    the compiled code (compile_threads, worker_start_method, the cache switches, custom passes, which are keyed by
+    their uuid) are left out, so the text is the same on two machines of one kind."""
+    from torch._inductor import config
+
+    try:
+        portable = config.save_config_portable(ignore_private_configs=False)
+    except Exception:  # noqa: BLE001  (a torch without it, or a config value it cannot express)
+        return inductor_config_fingerprint()
+    return repr(sorted((k, repr(v)) for k, v in portable.items()))
+
+
+def save_cache_artifacts() -> bytes | None:
+    """torch's serialized compile artifacts (FX graph cache, AOT autograd cache, Triton kernels, autotuning) of
+    what this process compiled or loaded from its caches; None when it recorded none."""
+    saved = torch.compiler.save_cache_artifacts()
+    return None if saved is None else saved[0]
+
+
+def load_cache_artifacts(blob: bytes) -> dict[str, int] | None:
+    """Write torch's artifacts into this process's caches: {artifact kind: count}, or None when torch could not
+    read them (it logs why and writes nothing)."""
+    info = torch.compiler.load_cache_artifacts(blob)
+    if info is None:
+        return None
+    return {kind: len(keys) for kind, keys in info.artifacts.items()}
+
+
+def compile_cache_counters() -> dict[str, int]:
+    """Inductor's FX graph cache and AOT autograd's cache counters in this process (hits, misses, bypasses)."""
+    from torch._dynamo.utils import counters
+
+    found = {f"fxgraph_{k[len('fxgraph_cache_'):]}": v for k, v in counters["inductor"].items()
+             if k.startswith("fxgraph_cache_")}
+    found.update({f"aot_autograd_{k[len('autograd_cache_'):]}": v for k, v in counters["aot_autograd"].items()
+                  if k.startswith("autograd_cache_")})
+    return found
+
+
+def aot_compile_supported() -> str | None:
+    """None where this torch can AOT-compile a Dynamo graph and load it in another process without tracing again
+    (torch.compile(fn).aot_compile + torch.compiler.load_compiled_function); else why not."""
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function (AOT precompile)"
+    try:
+        from torch._dynamo.aot_compile import aot_compile_fullgraph  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no torch._dynamo.aot_compile"
+    return None
+
+
+def aot_compile(compiled, args: tuple, kwargs: dict):
+    """AOT-compile a torch.compile(fullgraph=True) function for these example inputs: an object with
+    save_compiled_function(path) that is also callable."""
+    return compiled.aot_compile((tuple(args), dict(kwargs)))
+
+
+def load_compiled_function(path: str):
+    with open(path, "rb") as f:
+        return torch.compiler.load_compiled_function(f)
+
+
+def precompiling() -> bool:
+    """Is a backend call under torch's AOT precompile (aot_compile sets AOT autograd's bundled cache for it)?"""
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "bundled_autograd_cache", False))
+
+
+try:  # torch with AOT precompile
+    from torch._dynamo.aot_compile_types import SerializableCallable as _SerializableCallable
+except ImportError:  # pragma: no cover - a torch without it never precompiles
+    _SerializableCallable = object  # type: ignore[assignment,misc]
+
+
+class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid-type]
+    """The backend's per-call alias guard (backend.guard_disjoint_inputs) in a form torch's AOT precompile can
+    save: the compiled graph (AOT autograd's bundled entry), the untouched Dynamo graph it falls back to, and the
+    input pairs the proof assumed distinct."""
+
+    def __init__(self, compiled, original, pairs: tuple, boxed: bool):
+        self.compiled, self.original, self.pairs, self._boxed_call = compiled, original, pairs, boxed
+
+    def __call__(self, *args):
+        from .backend import _flat_inputs, inputs_share_memory
+
+        if inputs_share_memory(args, self.pairs):
+            return self.original(*_flat_inputs(args))
+        return self.compiled(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: "GuardedSerializableStep") -> bytes:
+        import pickle
+
+        from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
+                                                     GraphModuleSerializableCallable as Graph)
+
+        compiled = fn.compiled if isinstance(fn.compiled, Bundled) else Bundled(fn.compiled)
+        if isinstance(fn.original, Graph):
+            original = Graph.serialize_compile_artifacts(fn.original)
+        else:  # the fallback runs eagerly and needs no node meta, which holds fake tensors torch cannot pickle
+            graphs = [m for m in fn.original.modules() if isinstance(m, torch.fx.GraphModule)]
+            saved = [(node, node.meta) for m in graphs for node in m.graph.nodes]
+            saved_meta = [(m, m.meta) for m in graphs]
+            try:
+                for node, _ in saved:
+                    node.meta = {}
+                for m, _ in saved_meta:
+                    m.meta = {}
+                original = Graph.serialize_compile_artifacts(Graph(fn.original))
+            finally:
+                for node, meta in saved:
+                    node.meta = meta
+                for m, meta in saved_meta:
+                    m.meta = meta
+        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), original, fn.pairs, fn._boxed_call))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> "GuardedSerializableStep":
+        import pickle
+
+        from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
+                                                     GraphModuleSerializableCallable as Graph)
+
+        compiled, original, pairs, boxed = pickle.loads(data)
+        return cls(Bundled.deserialize_compile_artifacts(compiled), Graph.deserialize_compile_artifacts(original),
+                   pairs, boxed)

@@ -51,25 +51,42 @@ def _mode_options(mode: str | None) -> dict[str, Any]:
     return dict(list_mode_options(mode))
 
 
+def _flat_inputs(args) -> tuple | list:
+    """The inputs of a call of a compiled function: boxed (one list of inputs) or not."""
+    return args[0] if len(args) == 1 and isinstance(args[0], list) else args
+
+
+def _shares_memory(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    address = a.untyped_storage().data_ptr()
+    return address != 0 and address == b.untyped_storage().data_ptr()
+
+
+def inputs_share_memory(args, pairs) -> bool:
+    """Do any of the input pairs the proof assumed distinct share memory in this call (host-side, no sync)?"""
+    flat = _flat_inputs(args)
+    return any(_shares_memory(flat[i], flat[j]) for i, j in pairs)
+
+
 def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pairs) -> Callable:
     """Run `compiled` only while the graph inputs the proof assumed distinct are: Dynamo does not guard on
     aliasing between inputs, so a call in which two of them share memory runs the untouched graph as captured
-    (eager semantics, its host read included). The check compares storage addresses on the host: no sync."""
+    (eager semantics, its host read included). The check compares storage addresses on the host: no sync.
+    Under torch's AOT precompile the guard is an object torch can save with the graph (compile_pass.cache)."""
     if not pairs:
         return compiled
     boxed = getattr(compiled, "_boxed_call", False)
-
-    def shares_memory(a, b) -> bool:
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        address = a.untyped_storage().data_ptr()
-        return address != 0 and address == b.untyped_storage().data_ptr()
+    if _compat.precompiling() and hasattr(compiled, "serialize"):
+        try:
+            return _compat.GuardedSerializableStep(compiled, original, tuple(pairs), boxed)
+        except TypeError:  # a torch whose SerializableCallable asks for other methods: the closure below
+            pass
 
     def guarded(*args):
         # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
-        flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-        if any(shares_memory(flat[i], flat[j]) for i, j in pairs):
-            return original.forward(*flat)
+        if inputs_share_memory(args, pairs):
+            return original.forward(*_flat_inputs(args))
         return compiled(*args)
 
     guarded._boxed_call = boxed  # type: ignore[attr-defined]

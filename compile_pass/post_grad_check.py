@@ -1,8 +1,10 @@
 """SyncFreeCheck: a post-grad CustomGraphPass that only verifies (proof 1 of docs/design.md).
 
 It records every `_local_scalar_dense` (a host read, with its source line), `_assert_scalar` and free unbacked
-symbol in the post-grad graph. Its uuid covers every option and the consumer registry, so the FX graph cache
-stays on and never serves an artifact compiled under another configuration.
+symbol in the post-grad graph. Its uuid covers every option, every rule's facts (the consumer, writer and reader
+registries), the rules themselves (`rules.rules_fingerprint()`: names, order, source, reason codes) and the source
+of the whole package (kernels included), so the FX graph cache and AOT autograd's cache stay on and never serve an
+artifact compiled under another configuration or by other code.
 
 On an FX-graph-cache hit Inductor skips post-grad passes, so the findings of each compile are also kept in a
 small store beside Inductor's cache, under a key of the same inputs (uuid, the graph's code, the example
@@ -13,6 +15,7 @@ compiles once more with the FX graph cache off: a cached artifact never skips th
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -28,9 +31,35 @@ from .report import node_location
 
 _FINDINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("syncfree_post_grad", default=None)
 
-_SOURCE_HASH = hashlib.sha256(
-    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("**/*.py")))
-).hexdigest()
+
+def _package_dirs() -> list[Path]:
+    """compile_pass/ and the folders mapped under it (kernels/ lives beside it in the source tree)."""
+    import importlib.util
+
+    dirs = [Path(__file__).parent]
+    for name in ("compile_pass.kernels",):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            dirs += [Path(d) for d in spec.submodule_search_locations]
+    return sorted(set(dirs))
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash() -> str:
+    """A hash of every .py file of the package, computed once per process (at the first uuid)."""
+    h = hashlib.sha256()
+    for root in _package_dirs():
+        for path in sorted(root.glob("**/*.py")):
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def rules_fingerprint() -> str:
+    """The rules' own fingerprint; imported here, at the first uuid, so that the import order stays as it is."""
+    from .rules import rules_fingerprint as fingerprint
+
+    return fingerprint()
 
 
 def post_grad_syncs(graph: torch.fx.Graph) -> dict:
@@ -65,8 +94,9 @@ class SyncFreeCheck(CustomGraphPass):
 
     def uuid(self) -> str:
         h = hashlib.sha256()
-        for part in (self.fingerprint, registry_fingerprint(), _SOURCE_HASH):
+        for part in (self.fingerprint, registry_fingerprint(), rules_fingerprint(), source_hash()):
             h.update(part.encode())
+            h.update(b"\0")
         return h.hexdigest()
 
 
@@ -115,8 +145,12 @@ def findings_key(check: SyncFreeCheck, gm: torch.fx.GraphModule, example_inputs,
               for t in example_inputs]
     # The installed pass is covered by its uuid; its repr holds an address.
     settings = sorted((k, v) for k, v in patches.items() if k != "post_grad_custom_post_pass")
-    for part in (check.uuid(), gm.code, repr(inputs), repr(settings),
-                 _compat.inductor_config_fingerprint(), torch.__version__):
+    # Inductor's config as its own cache key sees it: machine-dependent settings (compile_threads) left out, so
+    # that shipped caches (compile_pass.cache) find their findings on another machine of the same kind.
+    # Every graph's code: a regional step's bodies (invoke_subgraph) are submodules its own code only names.
+    code = "".join(f"{name}\n{m.code}" for name, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule))
+    for part in (check.uuid(), code, repr(inputs), repr(settings),
+                 _compat.inductor_cache_config_fingerprint(), torch.__version__):
         h.update(str(part).encode())
     return h.hexdigest()
 
@@ -125,7 +159,17 @@ def _store_path(key: str) -> Path:
     return Path(_compat.inductor_cache_dir()) / "syncfree_post_grad" / f"{key}.json"
 
 
+# key -> findings saved or read back in this process: what compile_pass.cache.save_artifacts ships beside torch's
+# artifacts (torch's mega-cache does not know this store; without it a loaded FX-graph-cache hit compiles again).
+_SEEN: dict[str, dict] = {}
+
+
+def findings_seen() -> dict[str, dict]:
+    return dict(_SEEN)
+
+
 def save_findings(key: str, findings: dict) -> None:
+    _SEEN[key] = dict(findings)
     path = _store_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +182,10 @@ def save_findings(key: str, findings: dict) -> None:
 
 def load_findings(key: str) -> dict | None:
     try:
-        return json.loads(_store_path(key).read_text())
+        findings = json.loads(_store_path(key).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(findings, dict):
+        return None
+    _SEEN[key] = findings
+    return findings

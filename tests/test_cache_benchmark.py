@@ -1,0 +1,69 @@
+"""benchmarks/compile_time.py's start-up runs (issue 29): the plan of cold, warm, shipped and precompiled runs, the
+backend-option knobs, and the count of distinct kernel sources (the pure helpers; the script itself is run with
+--smoke)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+
+def test_shipped_and_precompiled_runs_follow_the_warm_ones_and_use_the_cold_runs_files():
+    import compile_time
+
+    runs = compile_time.plan_runs(["syncfree-regional", "stock-whole"], ["no-checked"], "syncfree-regional",
+                                  warm=True, shipped=True)
+    assert [r["name"] for r in runs] == [
+        "syncfree-regional cold", "stock-whole cold", "syncfree-regional warm", "stock-whole warm",
+        "syncfree-regional shipped", "stock-whole shipped", "syncfree-regional precompiled",
+        "syncfree-regional cold no-checked"]
+    shipped = runs[4]
+    assert shipped["artifacts"] == runs[0]["caches"] and shipped["caches"] != runs[0]["caches"]
+    assert len({r["caches"] for r in runs}) == 6  # 2 cold (warm reruns share them), 2 shipped, 1 precompiled, 1 knob
+    assert "shipped" not in {r["cache"] for r in compile_time.plan_runs(["stock-whole"], [], "syncfree-regional",
+                                                                        warm=True)}
+
+
+def test_backend_option_knobs():
+    import compile_time
+
+    assert compile_time.parse_knob("no-checked")["options"] == {"checked": False}
+    assert compile_time.parse_knob("opt:checked=False")["options"] == {"checked": False}
+    assert compile_time.parse_knob("opt:length_bounds={'verify_lens': 8}")["options"] == {
+        "length_bounds": {"verify_lens": 8}}
+    with pytest.raises(SystemExit, match="opt:KEY=VALUE"):
+        compile_time.parse_knob("opts:checked=False")
+
+
+def test_distinct_kernels_are_counted_by_source_without_their_names():
+    import compile_time
+
+    body = "def {0}(in_ptr0, out_ptr0):\n    meta = {{'kernel_name': '{0}'}}\n    x = tl.load(in_ptr0)\n"
+    kernels = [("triton", f"triton_poi_fused_add_{i}", body.format(f"triton_poi_fused_add_{i}")) for i in range(32)]
+    kernels.append(("triton", "triton_red_fused_mean_0", body.format("triton_red_fused_mean_0") + "    r = 1\n"))
+    kernels.append(("cpp", "", "extern \"C\" void kernel(float* x) {}"))
+    assert compile_time.kernel_sources_summary(kernels) == {"triton": dict(n=33, distinct=2),
+                                                            "cpp": dict(n=1, distinct=1)}
+
+
+def test_smoke_settings_and_the_stage():
+    import compile_time
+
+    args = compile_time.parse_args(["--smoke"])
+    assert args.device == "cpu" and args.shape == "tiny" and args.layers == 2 and args.shipped
+    assert args.variants == compile_time.SMOKE["variants"]
+    script = open(os.path.join(os.path.dirname(compile_time.__file__), "run_h200.sh")).read()
+    assert "    startup)" in script and "compile_time.py" in script.split("    startup)")[1].split(";;")[0]
+
+
+def test_the_budget_expects_a_start_to_take_what_its_warm_run_took():
+    import compile_time
+
+    walls = {("syncfree-regional", "cold"): 60.0, ("syncfree-regional", "warm"): 20.0, ("stock-whole", "cold"): 45.0}
+    run = lambda variant, cache: dict(variant=variant, cache=cache)  # noqa: E731
+    assert compile_time.expected_wall(walls, run("syncfree-regional", "shipped")) == 20.0
+    assert compile_time.expected_wall(walls, run("syncfree-regional", "cold")) == 60.0
+    assert compile_time.expected_wall(walls, run("stock-whole", "shipped")) == 45.0
+    assert compile_time.expected_wall(walls, run("syncfree-whole", "cold")) == 60.0
