@@ -268,10 +268,11 @@ def processes(tmp_path_factory):
     script = root / "child.py"
     script.write_text(CHILD)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([tests_dir, os.path.join(tests_dir, "support")])  # this module, consumers_for_tests
 
     def run(mode, cache_dir):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / cache_dir),
-               "TRITON_CACHE_DIR": str(root / (cache_dir + "-triton")), "PYTHONPATH": tests_dir}
+               "TRITON_CACHE_DIR": str(root / (cache_dir + "-triton")), "PYTHONPATH": path}
         proc = subprocess.run([sys.executable, str(script), mode, tests_dir, str(root)], capture_output=True,
                               text=True, timeout=400, env=env)
         assert proc.returncode == 0, proc.stderr[-4000:]
