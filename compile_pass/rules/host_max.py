@@ -365,28 +365,26 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
     """The lengths' device assertions (no host read), one per (lengths, window), before the first reader:
     - checked: the values the max was taken over lie in [0, bound] (a length past the static bound, or a negative
       one, raises), asserted where the consumer reads them: lengths = values + offset within
-      [offset, bound + offset]. Lengths narrowed (int64 -> int32) are asserted on their wide values, where the
-      max read them: within that range the narrowing keeps them, so the relation the proof rests on holds;
-    - not checked (or a window past int32): narrowed lengths still assert that they fit (no wider than the max of
-      the wide values): that is the proof's premise, not a bound check. Returns whether a bound check was made."""
+      [offset, bound + offset];
+    - lengths narrowed (int64 -> int32) keep the relation the proof rests on, that no consumer length exceeds
+      what eager's max covered, only while they fit: that is asserted too, checked or not (the proof's premise,
+      not a bound check), against the max of the wide values. Returns whether a bound check was made."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    firsts: dict[tuple, list] = {}
+    firsts: dict[tuple, torch.fx.Node] = {}
     for use in uses:
-        wide, passed = strip_kept_values(use.lengths, allow_moves=False, allow_narrowing=True)
-        narrowed = any(is_narrowing(n) for n in passed)
-        key = (wide if (narrowed and checked) else use.lengths, use.offset, use.bound)
-        first = firsts.setdefault(key, [use.before, narrowed, wide, use.lengths])
-        first[0] = min(first[0], use.before, key=lambda n: order.get(n, -1))
-    for (values, low, bound), (before, narrowed, wide, lengths) in firsts.items():
+        key = (use.lengths, use.offset, use.bound)
+        firsts[key] = min(firsts.get(key, use.before), use.before, key=lambda n: order.get(n, -1))
+    for (lengths, low, bound), before in firsts.items():
         where = node_location(before)
-        if checked:
-            insert_device_assert(graph, before, values, bound + low,
-                                 f"syncfree: a sequence length exceeds the static bound that replaced its max, or is "
-                                 f"negative: outside [0, {bound}] ({bound_source}) at {where}", low=low)
-        if narrowed and (not checked or bound + low >= 2 ** 31):
+        wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
+        if any(is_narrowing(n) for n in passed):
             insert_value_assert(graph, before, lengths, wide,
                                 f"syncfree: lengths narrowed to int32 at {where} exceed the max of the values they "
                                 "were narrowed from (they do not fit int32)")
+        if checked:
+            insert_device_assert(graph, before, lengths, bound + low,
+                                 f"syncfree: a sequence length exceeds the static bound that replaced its max, or is "
+                                 f"negative: outside [0, {bound}] ({bound_source}) at {where}", low=low)
     return checked and bool(firsts)
 
 
