@@ -1,0 +1,186 @@
+"""What a newcomer trips on (issue 28): Inductor keys type-checked as stock torch.compile checks them, the two entry
+points alike (no bound, a typo, backend=), reports that say which occurrence each row is, and notes and warnings
+that point at the right report."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import compile_pass
+from compile_pass import _compat
+from compile_pass.options import OptionError, SyncfreeOptions
+from passlib import make_fb, make_qkv, run
+
+PAGED = torch.ops.syncfree.paged_decode
+
+
+def step(fb, q, k, v):
+    m = fb.seq_lens.max().item()
+    table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+    return PAGED(q, k, v, table, fb.seq_lens, max_seqlen_k=m)
+
+
+def args(lengths=(3, 9, 5)):
+    return (make_fb(list(lengths)), *make_qkv(len(lengths)))
+
+
+# -- item 2: Inductor keys are type-checked as stock torch.compile(options=...) checks them --------------------
+@pytest.mark.parametrize("key,value", [("max_autotune", "yes"), ("triton.cudagraph_trees", 3),
+                                       ("max_autotune", 1), ("fx_graph_cache", None)])
+def test_an_inductor_key_of_the_wrong_type_raises_naming_it(key, value):
+    with pytest.raises(OptionError, match=rf"options\['{key}'\].*must be bool"):
+        SyncfreeOptions.from_dict({"max_context_len": 8, key: value})
+    with pytest.raises(OptionError, match=key):
+        compile_pass.compile(step, max_context_len=8, **{key: value})
+
+
+def test_the_backend_checks_inductor_types_at_its_first_call():
+    compiled = torch.compile(step, backend="syncfree", fullgraph=True,
+                             options={"max_context_len": 32, "max_autotune": "yes"})
+    with _compat.capture_scalar_outputs(), pytest.raises(Exception, match="max_autotune"):
+        compiled(*args())
+
+
+@pytest.mark.parametrize("key,value", [("max_autotune", True), ("max_autotune", "yes"), ("compile_threads", 2),
+                                       ("compile_threads", "2"), ("triton.cudagraph_trees", 3),
+                                       ("triton.cudagraph_trees", False), ("compile_threads", None),
+                                       ("cpp.threads", 1.5), ("fallback_random", 0)])
+def test_what_stock_torch_compile_refuses_we_refuse(key, value):
+    try:
+        torch._TorchCompileInductorWrapper("default", {key: value}, False)
+        stock_refuses = False
+    except RuntimeError:
+        stock_refuses = True
+    try:
+        SyncfreeOptions.from_dict({key: value})
+        we_refuse = False
+    except OptionError:
+        we_refuse = True
+    assert we_refuse == stock_refuses, (key, value)
+
+
+# -- item 3: compile_pass.compile and torch.compile(backend="syncfree") alike ----------------------------------
+def test_a_typo_in_compile_says_did_you_mean():
+    with pytest.raises(OptionError, match="unknown syncfree option 'max_contxt_len'; did you mean 'max_context_len'"):
+        compile_pass.compile(step, max_contxt_len=64)
+
+
+def test_backend_given_to_compile_says_the_backend_is_fixed():
+    with pytest.raises(TypeError, match="backend is fixed"):
+        compile_pass.compile(step, max_context_len=64, backend="inductor")
+
+
+def test_options_dict_is_accepted_by_compile_and_clashes_are_named():
+    compile_pass.compile(step, options={"max_context_len": 64, "checked": False})
+    with pytest.raises(OptionError, match="max_context_len"):
+        compile_pass.compile(step, max_context_len=64, options={"max_context_len": 32})
+
+
+def test_without_a_bound_both_entry_points_keep_every_max_and_say_so():
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        through_compile = compile_pass.compile(step, fullgraph=True)
+        through_compile(*args())
+    (report,) = compile_pass.reports(through_compile)
+    assert not report.rewritten and [i.reason_code for i in report.kept] == ["no_bound"], str(report)
+    assert "max_context_len" in report.kept[0].reason
+    assert any("host sync point(s) kept" in str(w.message) for w in caught)
+    torch._dynamo.reset()
+    by_name = torch.compile(step, backend="syncfree", fullgraph=True)
+    with _compat.capture_scalar_outputs():
+        by_name(*args())
+    assert [(i.reason_code, i.reason) for i in compile_pass.last_report().kept] == \
+        [(i.reason_code, i.reason) for i in report.kept]
+
+
+# -- item 5: which occurrence each row is ------------------------------------------------------------------------
+class Attend(torch.nn.Module):
+    def forward(self, fb, q, k, v):
+        m = fb.seq_lens.max().item()
+        table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+        return PAGED(q, k, v, table, fb.seq_lens, max_seqlen_k=m - 1)  # m - 1: kept, at this one line
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Attend() for _ in range(layers)])
+
+    def forward(self, fb, q, k, v):
+        for layer in self.layers:
+            q = q + layer(fb, q, k, v)
+        return q
+
+
+def test_rows_at_one_line_say_which_occurrence_module_node_and_stack():
+    torch._dynamo.reset()
+    _, backend, _ = run(Stack(3), *args(), max_context_len=32)
+    kept = backend.report.kept
+    assert [i.occurrence for i in kept] == [f"{n} of 3 at {kept[0].location}" for n in (1, 2, 3)]
+    assert [i.module for i in kept] == ["layers.0", "layers.1", "layers.2"]
+    assert len({i.node for i in kept}) == 3 and all(i.node for i in kept)
+    assert all(len(i.stack) == 2 and "in forward" in i.stack[0] for i in kept), kept[0].stack
+    assert kept[0].stack[-1].startswith(kept[0].location)
+    assert f"{kept[0].location} x3" in str(backend.report)  # identical rows: one row, counted
+    apart = [compile_pass.SyncItem(i.kind, i.location, f"kept: reason {n}", occurrence=i.occurrence,
+                                   module=i.module) for n, i in enumerate(kept)]
+    text = str(compile_pass.SyncReport(kept=apart))  # rows that differ say which occurrence each is
+    assert f"{kept[0].location} #1/3 layers.0" in text and f"{kept[0].location} #3/3 layers.2" in text
+    assert backend.report.to_dict()["kept"][1]["occurrence"] == kept[1].occurrence
+    merged = compile_pass.SyncReport.merge([backend.report, backend.report])
+    assert merged.kept[5].occurrence.startswith("6 of 6") and kept[2].occurrence.startswith("3 of 3")
+
+
+def test_identical_rows_still_collapse():
+    item = compile_pass.SyncItem("item", "m.py:4", "kept: x", occurrence="1 of 2 at m.py:4")
+    again = compile_pass.SyncItem("item", "m.py:4", "kept: x", occurrence="2 of 2 at m.py:4")
+    assert "m.py:4 x2" in str(compile_pass.SyncReport(kept=[item, again]))
+
+
+def test_an_escape_says_where_the_value_that_leaves_is_made():
+    def leaks(fb, q, k, v):
+        m = fb.seq_lens.max().item()
+        table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+        out = PAGED(q, k, v, table, fb.seq_lens, max_seqlen_k=m)
+        return out, table  # the table leaves
+
+    torch._dynamo.reset()
+    _, backend, _ = run(leaks, *args(), max_context_len=32)
+    (item,) = backend.report.kept
+    assert item.reason_code == "escapes" and item.escape_location.startswith("test_newcomer_api.py:")
+    assert int(item.escape_location.rsplit(":", 1)[1]) == int(item.location.rsplit(":", 1)[1]) + 1  # table
+    assert item.escape_location in str(backend.report)
+
+
+# -- item 5: the capture note only where a break happened; the warning names the merged reports ----------------
+def test_no_capture_note_without_a_break():
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend="syncfree", options={"max_context_len": 8})
+    with torch._dynamo.config.patch(capture_scalar_outputs=False):
+        compiled(torch.ones(3))
+    assert not any("capture_scalar_outputs" in n for n in compile_pass.last_report().notes)
+
+
+def test_after_a_graph_break_the_warning_points_at_the_merged_reports():
+    def broken(fb, q, k, v):
+        m = fb.seq_lens.max().item()
+        table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+        return PAGED(q, k, v, table, fb.seq_lens, max_seqlen_k=m) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(broken, backend="syncfree", options={"max_context_len": 32})
+    before = len(compile_pass.reports())
+    with torch._dynamo.config.patch(capture_scalar_outputs=False), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(*args())
+    graphs = compile_pass.reports()[before:]
+    assert len(graphs) >= 2
+    kept = [w for w in caught if "host sync point(s) kept" in str(w.message)]
+    assert kept and "compile_pass.reports(" in str(kept[0].message)
+    merged = compile_pass.SyncReport.merge(graphs)
+    assert any(i.kind in ("graph_break", "item") for i in merged.kept)
+    assert any("capture_scalar_outputs" in n for n in merged.notes)
