@@ -184,3 +184,123 @@ def test_after_a_graph_break_the_warning_points_at_the_merged_reports():
     merged = compile_pass.SyncReport.merge(graphs)
     assert any(i.kind in ("graph_break", "item") for i in merged.kept)
     assert any("capture_scalar_outputs" in n for n in merged.notes)
+
+
+# -- item 1: every name and signature docs/api.md documents is the real one -----------------------------------
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+API = (ROOT / "docs" / "api.md").read_text()
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _documented_calls(text: str, prefix: str):
+    """(dotted name, parameter text or None) of each backticked `PREFIXname(params) -> ...` in `text`."""
+    import re
+
+    for match in re.finditer(r"`" + re.escape(prefix) + r"([\w.]+)(\(|`| ->)", text):
+        name = match.group(1)
+        if match.group(2) != "(":
+            yield name, None
+            continue
+        depth, i = 1, match.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        yield name, text[match.end():i - 1]
+
+
+def _parameters(params: str):
+    import ast
+
+    args = ast.parse(f"def f({params}): pass").body[0].args
+    out = []
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults
+    for a, d in zip(positional, defaults):
+        out.append((a.arg, "positional", None if d is None else ast.literal_eval(d)))
+    if args.vararg:
+        out.append((args.vararg.arg, "*", None))
+    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+        out.append((a.arg, "keyword", None if d is None else ast.literal_eval(d)))
+    if args.kwarg:
+        out.append((args.kwarg.arg, "**", None))
+    return out
+
+
+def _real_parameters(obj):
+    import inspect
+
+    kinds = {inspect.Parameter.POSITIONAL_ONLY: "positional", inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+             inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.KEYWORD_ONLY: "keyword",
+             inspect.Parameter.VAR_KEYWORD: "**"}
+    return [(p.name, kinds[p.kind], None if p.default is inspect.Parameter.empty else p.default)
+            for p in inspect.signature(obj).parameters.values()]
+
+
+def _resolve(root, dotted: str):
+    obj = root
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_every_documented_function_has_the_documented_signature():
+    import compile_pass.options  # noqa: F401
+    import compile_pass.report  # noqa: F401
+    import compile_pass.testing  # noqa: F401
+
+    checked = 0
+    for heading in [line for line in API.splitlines() if line.startswith("### ")]:
+        for name, params in _documented_calls(heading, "compile_pass."):
+            obj = _resolve(compile_pass, name)  # the documented name exists
+            if params is None:
+                continue
+            real = _real_parameters(obj)
+            if name == "syncfree_backend":  # documented as "any other keyword raises"
+                real = [p for p in real if p[1] != "**"]
+            assert _parameters(params) == real, name
+            checked += 1
+    testing = _section(API, "Testing helpers")
+    for name, params in _documented_calls(testing, ""):
+        if params is not None and hasattr(compile_pass.testing, name):
+            assert _parameters(params) == _real_parameters(getattr(compile_pass.testing, name)), name
+            checked += 1
+    assert checked >= 18
+    for name in ("register_indptr_reader", "register_indptr_writer", "unregister_flat_kv_facts",
+                 "register_bounded_writer", "unregister_bounded_writer"):
+        assert f"### `compile_pass.{name}(" in API and name in compile_pass.__all__, name
+
+
+def test_every_documented_op_has_its_schema():
+    ops = _section(API, "Ops (`torch.ops.syncfree`)")
+    documented = {name: params for name, params in _documented_calls(ops, "") if params is not None}
+    for name in ("page_table", "page_table_", "paged_decode", "fa4_paged", "fa_with_kvcache",
+                 "ragged_extend_attention", "store_kv", "kv_indices"):
+        schema = getattr(torch.ops.syncfree, name).default._schema
+        real = [(a.name, "positional", a.default_value) for a in schema.arguments]
+        assert _parameters(documented[name]) == real, name
+        assert "[" in ops.split(f"`{name}(", 1)[1].split("\n- ", 1)[0], f"{name}: no shapes"  # shapes given
+
+
+def test_every_option_in_the_table_is_real_and_every_real_one_is_in_it():
+    import re
+
+    from compile_pass.options import _ours
+
+    table = _section(API, "Backend options")
+    names = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert names == _ours(), names ^ _ours()
+
+
+def test_the_bad_lengths_table_is_one_table_in_readme_and_api():
+    readme = (ROOT / "README.md").read_text()
+
+    def table(text):
+        section = _section(text, "Bad lengths")
+        return [line for line in section.splitlines() if line.startswith("|")]
+
+    assert table(readme) == table(API) and len(table(API)) >= 8
