@@ -168,11 +168,38 @@ def call(compiled, *args):
         return compiled(*args)
 
 
-@pytest.mark.parametrize("lengths", [[3, 40, 5], [3, -1, 5]], ids=["past the bound", "negative"])
-def test_page_table_rule_checked_raises_for_a_length_outside_the_bound(lengths):
-    compiled = compiled_step(page_table_step, page_table_args([3, 9, 5]), max_context_len=MCL)
+def _tests_of(name: str):
+    """Another test file's steps and inputs (test_flat_kv_indices registers its reader through an indptr on import;
+    test_allocated_table makes its Triton writer traceable under the interpreter)."""
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def rule_case(rule: str):
+    """(step, arguments it compiles with, arguments with other lengths, options) of a step that `rule` rewrites."""
+    if rule == "page_table":
+        return page_table_step, page_table_args([3, 9, 5]), page_table_args, {"max_context_len": MCL}
+    if rule == "flat_kv_indices":
+        flat = _tests_of("test_flat_kv_indices")
+        return flat.step, flat.args_of([3, 9, 5]), flat.args_of, {"max_context_len": flat.MCL}
+    ext = _tests_of("test_indptr_bound")
+    q, k, v, pages, lens, _ = good = ext.case([3, 1, 4])
+    return ext._pad_form, good, lambda extend: (q, k, v, pages, lens, torch.tensor(extend)), \
+        {"max_context_len": ext.MCL}
+
+
+OUTSIDE = {"page_table": [[3, 40, 5], [3, -1, 5]], "flat_kv_indices": [[3, 65, 5], [3, -1, 5]],
+           "indptr_bound": [[3, 30, 4], [3, -1, 4]]}
+
+
+@pytest.mark.parametrize("rule,lengths", [(r, v) for r, vs in OUTSIDE.items() for v in vs],
+                         ids=[f"{r}, {w}" for r in OUTSIDE for w in ("past the bound", "negative")])
+def test_checked_raises_for_a_length_outside_the_bound(rule, lengths):
+    step, good, with_lengths, options = rule_case(rule)
+    compiled = compiled_step(step, good, **options)
     with pytest.raises(RuntimeError, match="outside|exceeds"):
-        call(compiled, *page_table_args(lengths))
+        call(compiled, *with_lengths(lengths))
 
 
 @pending
@@ -196,90 +223,45 @@ def test_page_table_rule_checked_raises_for_an_out_of_range_index_on_a_zero_leng
         call(compiled, *page_table_args([3, 0, 5], index=(1, 6)))
 
 
-@pytest.mark.parametrize("lengths,index", [([3, 40, 5], None), ([3, -1, 5], None), ([3, 0, 5], (1, 6)),
-                                           ([3, 9, 5], (1, 100))],
-                         ids=["past the bound", "negative", "bad index, empty row", "bad index"])
-def test_page_table_rule_unchecked_reads_nothing_out_of_bounds(lengths, index):
-    """checked=False: no assertion, and nothing out of bounds (on CPU an out-of-bounds index raises IndexError,
-    so running through is the evidence); the values of the bad rows are unspecified."""
-    compiled = compiled_step(page_table_step, page_table_args([3, 9, 5]), max_context_len=MCL, checked=False)
-    out = call(compiled, *page_table_args(lengths, index))
-    assert out.shape == (3, 1, 4, 8)
-
-
-def _flat():
-    import test_flat_kv_indices as flat  # its test reader through an indptr is registered on import
-
-    return flat
-
-
-@pytest.mark.parametrize("lengths", [[3, 65, 5], [3, -1, 5]], ids=["past the bound", "negative"])
-def test_flat_kv_indices_rule_checked_raises_for_a_length_outside_the_bound(lengths):
-    flat = _flat()
-    compiled = compiled_step(flat.step, flat.args_of([3, 9, 5]), max_context_len=flat.MCL)
-    with pytest.raises(RuntimeError, match="outside"):
-        call(compiled, *flat.args_of(lengths))
-
-
-def _flat_args_with_index(lengths, index):
-    flat = _flat()
-    fb, values = flat.args_of(lengths)
-    fb.req_pool_indices[index[0]] = index[1]
-    return fb, values
-
-
 @pending
 def test_flat_kv_indices_rule_checked_raises_for_an_out_of_range_index_on_a_zero_length_row():
-    flat = _flat()
-    compiled = compiled_step(flat.step, flat.args_of([3, 9, 5]), max_context_len=flat.MCL)
+    step, good, with_lengths, options = rule_case("flat_kv_indices")
+    compiled = compiled_step(step, good, **options)
+    fb, values = with_lengths([3, 0, 5])
+    fb.req_pool_indices[1] = 6
     with pytest.raises(RuntimeError):
-        call(compiled, *_flat_args_with_index([3, 0, 5], (1, 6)))
+        call(compiled, fb, values)
+
+
+UNCHECKED = {"page_table": [([3, 40, 5], None), ([3, -1, 5], None), ([3, 0, 5], (1, 6)), ([3, 9, 5], (1, 100))],
+             "indptr_bound": [([3, 1, 30], None), ([3, -1, 4], None)]}
+
+
+@pytest.mark.parametrize("rule,lengths,index", [(r, v, i) for r, cases in UNCHECKED.items() for v, i in cases])
+def test_unchecked_reads_nothing_out_of_bounds(rule, lengths, index):
+    """checked=False: no assertion, and nothing out of bounds (on CPU an out-of-bounds index raises IndexError,
+    so running through is the evidence); the values of the bad rows are unspecified."""
+    step, good, with_lengths, options = rule_case(rule)
+    compiled = compiled_step(step, good, **options, checked=False)
+    args = page_table_args(lengths, index) if index else with_lengths(lengths)
+    assert call(compiled, *args).shape == call(compiled, *good).shape
 
 
 @pending
 def test_flat_kv_indices_rule_unchecked_reads_nothing_out_of_bounds():
     """checked=False and a total past B x bound: the reader through the indptr must not read past the static
     buffer (today the test reader, which checks its reads, raises)."""
-    flat = _flat()
-    compiled = compiled_step(flat.step, flat.args_of([3, 9, 5]), max_context_len=8, checked=False)
-    call(compiled, *flat.args_of([3, 60, 5]))
-
-
-def _extend():
-    import test_indptr_bound as extend
-
-    return extend
-
-
-@pytest.mark.parametrize("extend", [[3, 30, 4], [3, -1, 4]], ids=["past the bound", "negative"])
-def test_indptr_bound_rule_checked_raises_for_a_length_outside_the_bound(extend):
-    ext = _extend()
-    compiled = compiled_step(ext._pad_form, ext.case([3, 1, 4]), max_context_len=ext.MCL)
-    q, k, v, pages, lens, _ = ext.case([3, 1, 4])
-    with pytest.raises(RuntimeError, match="outside"):
-        call(compiled, q, k, v, pages, lens, torch.tensor(extend))
-
-
-def test_indptr_bound_rule_unchecked_reads_nothing_out_of_bounds():
-    ext = _extend()
-    compiled = compiled_step(ext._pad_form, ext.case([3, 1, 4]), max_context_len=ext.MCL, checked=False)
-    q, k, v, pages, lens, _ = ext.case([3, 1, 4])
-    for extend in ([3, 1, 30], [3, -1, 4]):
-        assert call(compiled, q, k, v, pages, lens, torch.tensor(extend)).shape == q.shape
+    step, good, with_lengths, options = rule_case("flat_kv_indices")
+    compiled = compiled_step(step, good, max_context_len=8, checked=False)
+    call(compiled, *with_lengths([3, 60, 5]))
 
 
 needs_interpreter = pytest.mark.skipif(not interpreting(), reason="runs in a subprocess with TRITON_INTERPRET=1 "
                                                                   "(test_this_file_under_the_interpreter)")
 
 
-def _allocated():
-    import test_allocated_table as alloc  # its Triton writer, traceable under the interpreter
-
-    return alloc
-
-
 def _allocated_compiled(**options):
-    alloc = _allocated()
+    alloc = _tests_of("test_allocated_table")
     backend = Rewriting(max_context_len=alloc.MCL, **options)
     compiled = torch.compile(alloc.flashmla_step, backend=backend, fullgraph=True)
     with alloc.dynamo_sees_triton(), _compat.capture_scalar_outputs():

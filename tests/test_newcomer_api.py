@@ -304,3 +304,18 @@ def test_the_bad_lengths_table_is_one_table_in_readme_and_api():
         return [line for line in section.splitlines() if line.startswith("|")]
 
     assert table(readme) == table(API) and len(table(API)) >= 8
+
+
+# -- item 7: TORCH_LOGS records name the caller's file, relative, as torch's records do -----------------------
+def test_log_records_name_the_calling_file_relative_to_the_package_root():
+    import unittest
+
+    from torch._logging._internal import TorchLogsFormatter
+
+    torch._dynamo.reset()
+    with unittest.TestCase().assertLogs("compile_pass", level="INFO") as captured:
+        torch.compile(lambda x: x + 1, backend="syncfree", options={"max_context_len": 8})(torch.ones(2))
+    for record in captured.records:
+        assert record.filename == "backend.py", record.pathname  # the caller, not log.py
+        shown = TorchLogsFormatter().format(record)
+        assert "compile_pass/backend.py:" in shown and str(ROOT) not in shown, shown
