@@ -319,3 +319,14 @@ def test_log_records_name_the_calling_file_relative_to_the_package_root():
         assert record.filename == "backend.py", record.pathname  # the caller, not log.py
         shown = TorchLogsFormatter().format(record)
         assert "compile_pass/backend.py:" in shown and str(ROOT) not in shown, shown
+
+
+# -- item 8: make test-fast leaves out the slow suites and make test runs everything ---------------------------
+def test_make_test_fast_skips_the_slow_suites_and_make_test_runs_all():
+    makefile = (ROOT / "Makefile").read_text()
+    fast = makefile.split("FAST_SKIP :=", 1)[1].split("\ntest-fast:", 1)[0]
+    for suite in ("tests/test_generated_programs.py", "tests/sglang"):
+        assert f"--ignore={suite}" in fast, suite
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "--ignore" not in recipe and "-m \"" not in recipe and " -k " not in recipe and recipe.endswith(" tests")
+    assert "make test-fast" in (ROOT / "README.md").read_text()
