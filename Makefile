@@ -59,8 +59,9 @@ test: $(VENV)/.installed $(VENV)/.sglang-installed
 # The edit-test loop (not what CI runs): `make test` without its slow suites, the generated programs, SGLang's own
 # backends (no sglang-deps needed), full Inductor compiles (marker `inductor`), the CLI and tensor-parallel suites
 # (a subprocess per test), the Triton-interpreter reruns in subprocesses and the generated soundness steps.
-# Measured 2026-12-01 on 2 cores shared with three other test runs (load average 7.5): 5m06s wall, 2m57s of CPU;
-# on an idle 2-core machine that is about 1.5 to 2 minutes.
+# Measured 2026-12-01 on 2 cores shared with other developers' test runs: 5m06s wall at load average 7.5, 4m16s at
+# 2.6-5.9; 2m57s-3m03s of CPU either way, so about 1.5 to 2 minutes on an idle 2-core machine (an estimate: no idle
+# run was possible).
 FAST_SKIP := --ignore=tests/test_generated_programs.py --ignore=tests/sglang --ignore=tests/test_cli.py \
 	--ignore=tests/test_tp.py --ignore=tests/test_triton_interpreter.py -m "not inductor" \
 	-k "not under_the_interpreter and not test_generated_steps_equal_eager"
