@@ -50,6 +50,8 @@ if not _LIGHT:
         registered_consumers,
         unregister_self_guarding_consumer,
     )
+    from .rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from .rules.flat_kv_indices import register_indptr_reader, register_indptr_writer, unregister_flat_kv_facts
     from .rules.indptr_bound import register_indptr_bound_consumer, unregister_indptr_bound_consumer
     from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
 
@@ -67,6 +69,11 @@ __all__ = [
     "registered_consumers",
     "register_indptr_bound_consumer",
     "unregister_indptr_bound_consumer",
+    "register_indptr_reader",
+    "register_indptr_writer",
+    "unregister_flat_kv_facts",
+    "register_bounded_writer",
+    "unregister_bounded_writer",
     "SelfGuardingConsumer",
     "SyncItem",
     "SyncRemainsError",

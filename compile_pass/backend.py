@@ -17,12 +17,12 @@ import torch.fx
 
 from . import _compat, log
 from .normalize import is_full_max
-from .options import SyncfreeOptions
+from .options import OptionError, SyncfreeOptions
 from .sync_pass import PassResult, SyncPass
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
 from .report import (SyncItem, SyncRemainsError, SyncReport, collecting_reports, format_disjoint_note, node_location,
-                     set_last_report)
+                     number_occurrences, set_last_report)
 
 CAPTURE_FIX = ("Dynamo breaks the graph at .item() because torch._dynamo.config.capture_scalar_outputs is off; "
                "use compile_pass.compile(...) or set it to True before the first call")
@@ -117,6 +117,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         return _compile_rewritten(gm, rewritten, example_inputs, report, opts)
     finally:
         report.backend_seconds = time.perf_counter() - start
+        number_occurrences(report.rewritten + report.kept, gm.graph)  # the post-grad check's items too
         log.report_finished(report)
 
 
@@ -146,6 +147,7 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
                         options=opts.to_dict(), disjoint_inputs=list(result.disjoint_inputs))
     if result.disjoint_names:
         report.notes.append(format_disjoint_note(result.disjoint_names))
+    number_occurrences(report.rewritten + report.kept)
     return report
 
 
@@ -178,17 +180,18 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
     if not _compat.capture_scalar_outputs_enabled():
         if not any(i.kind == "graph_break" and i.host_sync for i in report.kept):
             report.kept.extend(_graph_break_items(gm))
-        report.notes.append(CAPTURE_FIX)
+        if any(CAPTURE_FIX in i.reason for i in report.kept):  # only where Dynamo did break at a host read
+            report.notes.append(CAPTURE_FIX)
+    number_occurrences(report.rewritten + report.kept, gm.graph)
     set_last_report(report)
     if opts.strict and report.syncs_remaining:
         raise SyncRemainsError([i for i in report.kept if i.host_sync])
     if report.syncs_remaining:
         kept = [i for i in report.kept if i.host_sync]
-        lines = "; ".join(f"{i.kind} at {i.location}" for i in kept)
+        lines = "; ".join(f"{i.kind} at {i.where()}" for i in kept)
         hint = next((n for n in report.notes if "without max_context_len" in n), None)
         log.warn(f"syncfree: {report.syncs_remaining} host sync point(s) kept: {lines} "
-                 + (f"({hint})" if hint else "(compile_pass.last_report() says why)"),
-                 location=kept[0].location, graph=gm)
+                 + f"({hint or where_to_read(report)})", location=kept[0].location, graph=gm)
 
     patches = opts.config_patches()
     keeps_host_read = _holds_unbacked_symbols(rewritten)
@@ -224,6 +227,19 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         raise SyncRemainsError([i for i in report.kept if i.host_sync],
                                extra=f"the post-grad graph still reads the host: {findings}")
     return guard_disjoint_inputs(compiled, gm, report.disjoint_inputs)
+
+
+MERGED_REPORTS_HINT = ("the step has more than one graph (a graph break): compile_pass.reports(step) holds every "
+                       "graph's report (reports() for torch.compile), SyncReport.merge(...) joins them; "
+                       "last_report() is only the latest graph's")
+
+
+def where_to_read(report: SyncReport) -> str:
+    """Which call shows why: the merged reports after a graph break (the graph compiled last is the one after the
+    break, not this one), else last_report()."""
+    if any(i.kind == "graph_break" or CAPTURE_FIX in i.reason for i in report.kept):
+        return MERGED_REPORTS_HINT
+    return "compile_pass.last_report() says why"
 
 
 CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "
@@ -282,16 +298,35 @@ def _account_post_grad(report: SyncReport, findings: dict) -> None:
 _TORCH_COMPILE_KWARGS = {"fullgraph", "dynamic", "disable"}
 
 
-def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None, strict: bool = False,
-            cudagraphs: bool | None = None, mode: str | None = None, **kw) -> Callable:
+def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int | None = None,
+            strict: bool = False, cudagraphs: bool | None = None, mode: str | None = None, **kw) -> Callable:
     """Like torch.compile(fn, backend="syncfree", options=...), with capture_scalar_outputs on while Dynamo
     traces (it is read at the first call, not at torch.compile()).
 
-    `mode` is mapped as the backend maps it ("reduce-overhead" -> cudagraphs=True, "max-autotune" -> its
-    Inductor patches); `cudagraphs`, when given, wins over the mode. Keyword arguments fullgraph/dynamic/disable
-    go to torch.compile; any other goes into the backend's options (checked, cpu_mirrors, static_escapes,
-    Inductor config patches) and an unknown one raises here, naming it.
+    `max_context_len` is the static bound; without it (None) every max is kept and the report says so, as
+    through torch.compile(backend="syncfree"). `mode` is mapped as the backend maps it ("reduce-overhead" ->
+    cudagraphs=True, "max-autotune" -> its Inductor patches); `cudagraphs`, when given, wins over the mode.
+    Keyword arguments fullgraph/dynamic/disable go to torch.compile; any other goes into the backend's options
+    (checked, cpu_mirrors, static_escapes, Inductor config patches) and an unknown one raises here, naming it.
     """
+    if "backend" in kw:
+        raise TypeError("compile_pass.compile's backend is fixed (syncfree); drop backend=, or call "
+                        "torch.compile(fn, backend=...) for another backend")
+    if "options" in kw:  # torch.compile's spelling: the same options, as a dict
+        given = kw.pop("options")
+        if not isinstance(given, dict):
+            raise OptionError(f"options must be a dict, got {type(given).__name__}")
+        named = {"max_context_len": max_context_len, "page_size": page_size, "strict": strict,
+                 "cudagraphs": cudagraphs, "mode": mode}
+        both = sorted(k for k in given if k in kw or named.get(k) not in (None, False))
+        if both:
+            raise OptionError(f"option(s) {both} given both as keywords and in options=")
+        kw.update({k: v for k, v in given.items() if k not in named})
+        max_context_len = given.get("max_context_len", max_context_len)
+        page_size = given.get("page_size", page_size)
+        strict = given.get("strict", strict)
+        cudagraphs = given.get("cudagraphs", cudagraphs)
+        mode = given.get("mode", mode)
     compile_kwargs = {k: kw.pop(k) for k in list(kw) if k in _TORCH_COMPILE_KWARGS}
     options = {**_mode_options(mode), "max_context_len": max_context_len, "page_size": page_size,
                "strict": strict, **kw}

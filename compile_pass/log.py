@@ -36,6 +36,32 @@ _WARNING_REGISTRIES: dict[tuple[str, int], dict] = {}
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+class _PackagePaths(logging.Filter):
+    """Records name this package's files as torch's records name torch's (`torch/_dynamo/guards.py:NN`): torch's
+    TORCH_LOGS formatter prints a path relative to the sys.path entry it lies under, and a source-tree (editable)
+    install is under none, so its records would carry the checkout's absolute path. Such a record's path is
+    given as it would lie in an installed copy (`compile_pass/backend.py` under a sys.path directory)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.pathname = installed_path(record.pathname)
+        return True
+
+
+def installed_path(path: str) -> str:
+    package = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(package)
+    if not os.path.abspath(path).startswith(package + os.sep):
+        return path
+    entries = [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p) and os.path.realpath(p) == p]
+    if any(root == e or root.startswith(e + os.sep) for e in entries) or not entries:
+        return path  # an installed copy: torch already prints it relative
+    site = next((e for e in entries if os.path.basename(e) in ("site-packages", "dist-packages")), entries[-1])
+    return os.path.join(site, os.path.relpath(os.path.abspath(path), root))
+
+
+log.addFilter(_PackagePaths())
+
+
 def register_with_torch() -> bool:
     """TORCH_LOGS=syncfree and torch._logging.set_logs(modules={"syncfree": logging.INFO}) control this log."""
     from . import _compat
@@ -47,7 +73,7 @@ def register_with_torch() -> bool:
 def graph_rewritten(original, rewritten) -> None:
     """After the pass: the rewritten graph's code at DEBUG, and to every observer."""
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("graph after the pass:\n%s", getattr(rewritten, "code", rewritten))
+        log.debug("graph after the pass:\n%s", getattr(rewritten, "code", rewritten), stacklevel=2)
     for observer in _OBSERVERS.get():
         observer(original, rewritten)
 
@@ -57,10 +83,10 @@ def report_finished(report) -> None:
     as a structured-trace artifact."""
     if log.isEnabledFor(logging.INFO):
         for line in decision_lines(report):
-            log.info("%s", line)
+            log.info("%s", line, stacklevel=2)  # the record names the caller (the backend), not this file
     if log.isEnabledFor(logging.DEBUG):
         for line in detail_lines(report):
-            log.debug("%s", line)
+            log.debug("%s", line, stacklevel=2)
     from . import _compat
 
     try:
@@ -75,10 +101,10 @@ def decision_lines(report) -> list[str]:
     lines.append(f"found {found} sync point(s): {len(report.rewritten)} rewritten, {len(report.kept)} kept "
                  f"({report.syncs_remaining} still a host sync)")
     for item in report.rewritten:
-        lines.append(f"rewritten {item.kind} at {item.location}: {item.reason}")
+        lines.append(f"rewritten {item.kind} at {item.where()}: {item.what_happened()}")
     for item in report.kept:
         sync = "" if item.host_sync else " (no device sync)"
-        lines.append(f"kept {item.kind} at {item.location}{sync}: {item.reason}")
+        lines.append(f"kept {item.kind} at {item.where()}{sync}: {item.what_happened()}")
     for note in report.notes:
         lines.append(f"note: {note}")
     lines.append(post_grad_line(report.post_grad))

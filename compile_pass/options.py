@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from typing import Any
+from typing import Any, get_origin
 
 # Options of ours; every other key must be an Inductor config key and passes through as a config patch.
 _OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs", "static_escapes"}
@@ -42,6 +42,27 @@ def _check_keys(options: dict) -> None:
             raise OptionError(f"option names must be str, got {key!r}")
         if key not in ours and key not in inductor_keys:
             raise _unknown_key_error(key, inductor_keys)
+
+
+def _check_inductor_types(patches: dict) -> None:
+    """The type check stock `torch.compile(options=...)` makes on every Inductor key: a value that is not an
+    instance of the key's declared type raises (a generic type such as `int | None` is not checked, as stock
+    does not)."""
+    from torch._inductor import config
+
+    get_type = getattr(config, "get_type", None)
+    if get_type is None:  # pragma: no cover - every supported torch has it
+        return
+    for key, value in patches.items():
+        try:
+            expected = get_type(key)
+        except Exception:
+            continue
+        if get_origin(expected) is not None or not isinstance(expected, type):
+            continue
+        if not isinstance(value, expected):
+            raise OptionError(f"options[{key!r}] (a torch._inductor.config key) must be {expected.__name__}, got "
+                              f"{type(value).__name__} {value!r}, as torch.compile(options=...) checks it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +113,7 @@ class SyncfreeOptions:
         except (TypeError, ValueError) as e:
             raise OptionError(str(e)) from None
         inductor = {k: v for k, v in options.items() if k not in _OURS and k not in declared}
+        _check_inductor_types(inductor)
         return cls(
             max_context_len=mcl,
             page_size=ps,

@@ -35,6 +35,71 @@ def node_location(node) -> str:
     return user_location(getattr(node, "meta", {}).get("stack_trace"))
 
 
+_FRAME_IN = re.compile(r'File "([^"]+)", line (\d+), in ([^\n]+)')
+_ROOT_SOURCE = re.compile(r"^[LG]\[[^\]]*\]\.?")
+
+
+def user_stack(stack_trace: str | None) -> list[str]:
+    """The user's call stack of a node, outermost first: ["model.py:88 in forward", "step.py:7 in attend"]."""
+    return [f"{path.rsplit('/', 1)[-1]}:{line} in {fn.strip()}" for path, line, fn in _FRAME_IN.findall(stack_trace or "")]
+
+
+def module_path(node) -> str:
+    """The nn.Module the node was traced in, as a dotted path from the compiled module ("layers.3.self_attn"),
+    from Dynamo's nn_module_stack; "" outside modules (or for the compiled module itself)."""
+    stack = getattr(node, "meta", {}).get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return _ROOT_SOURCE.sub("", str(path))
+
+
+def occurrence_fields(node) -> dict[str, Any]:
+    """The fields that tell items at one source line apart: the graph node, the module, the user's call stack."""
+    if node is None:
+        return {}
+    return {"node": node.name, "module": module_path(node),
+            "stack": user_stack(getattr(node, "meta", {}).get("stack_trace"))}
+
+
+def _symbols(node) -> set:
+    from ._compat import example_value, free_unbacked_symbols
+
+    try:
+        return set(free_unbacked_symbols(example_value(node)))
+    except Exception:
+        return set()
+
+
+def escape_location(node) -> str:
+    """Where the host value `node` leaves the graph (returned, or stored on an object: Dynamo makes both a graph
+    output): "file.py:LINE" of the first value that carries it (the value itself, or a tensor sized by it) and is
+    a graph output; "" if none is found. Only values with a data-dependent size or value are followed (a slice by
+    the max gets a size symbol of its own): an attention output that took the max as an upper bound is not."""
+    seen, frontier = {node}, [node]
+    while frontier:
+        current = frontier.pop(0)
+        for user in current.users:
+            if user.op == "output":
+                return node_location(current)
+            if user not in seen and _symbols(user):
+                seen.add(user)
+                frontier.append(user)
+    return ""
+
+
+def number_occurrences(items: list["SyncItem"], graph=None) -> None:
+    """Items that share a location get `occurrence` = "k of n at LOCATION", numbered in the order of their nodes
+    in `graph` when given (else in the order given); others get ""."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)} if graph is not None else {}
+    counts = collections.Counter(i.location for i in items)
+    seen: collections.Counter = collections.Counter()
+    for _, item in sorted(enumerate(items), key=lambda p: (order.get(p[1].node, len(order)), p[0])):
+        seen[item.location] += 1
+        n = counts[item.location]
+        item.occurrence = f"{seen[item.location]} of {n} at {item.location}" if n > 1 else ""
+
+
 @dataclasses.dataclass
 class SyncItem:
     """One sync point: its kind (item, tolist, numpy, cpu_copy, cpu_mirror, post_grad), where it is and what happened to it."""
@@ -48,9 +113,30 @@ class SyncItem:
     # Why it was kept, as a code (compile_pass.proof.REASONS); "" for a rewritten item.
     reason_code: str = ""
     rule: str = ""  # the rule that proved (or refused) it
+    # Which one of several items at one location it is: "2 of 10 at step.py:7" ("" when it is the only one), the
+    # graph node, the nn.Module it was traced in ("layers.1.attn"), the user's call stack (outermost first).
+    occurrence: str = ""
+    node: str = ""
+    module: str = ""
+    stack: list[str] = dataclasses.field(default_factory=list)
+    # For a max kept because a value made from it leaves the graph (returned or stored): where that value is made.
+    escape_location: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def where(self) -> str:
+        """The location and, when several items share it, which one: "step.py:7 #2/10 layers.1.attn"."""
+        shown = self.location
+        if self.occurrence:
+            shown += " #" + self.occurrence.split(" at ", 1)[0].replace(" of ", "/")
+            if self.module:
+                shown += " " + self.module
+        return shown
+
+    def what_happened(self) -> str:
+        return self.reason + (f" (the value that leaves is made at {self.escape_location})"
+                              if self.escape_location else "")
 
 
 @dataclasses.dataclass
@@ -95,6 +181,9 @@ class SyncReport:
                     "assert_scalar": pg["assert_scalar"] + r.post_grad.get("assert_scalar", 0),
                     "unbacked_symbols": sorted(set(pg["unbacked_symbols"]) | set(r.post_grad.get("unbacked_symbols", []))),
                 }
+        merged.rewritten = [dataclasses.replace(i) for i in merged.rewritten]
+        merged.kept = [dataclasses.replace(i) for i in merged.kept]
+        number_occurrences(merged.rewritten + merged.kept)  # across the graphs: the merged report's own count
         return merged
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,11 +201,12 @@ class SyncReport:
 
     def __str__(self) -> str:
         rows = [("status", "kind", "location", "what happened")]
-        rows += [("rewritten", i.kind, i.location, i.reason) for i in self.rewritten]
-        rows += [("kept" if i.host_sync else "kept (no sync)", i.kind, i.location, i.reason) for i in self.kept]
+        body = [("rewritten", i) for i in self.rewritten]
+        body += [("kept" if i.host_sync else "kept (no sync)", i) for i in self.kept]
+        rows += collapse_repeated_rows([(status, i.kind, i.location, i.what_happened()) for status, i in body],
+                                       [i.where() for _, i in body])
         if len(rows) == 1:
             rows.append(("-", "-", "-", "no sync point found"))
-        rows = rows[:1] + collapse_repeated_rows(rows[1:])
         widths = [max(len(r[c]) for r in rows) for c in range(3)]
         lines = []
         for n, r in enumerate(rows):
@@ -132,20 +222,23 @@ class SyncReport:
 SAME_REASON = "(same reason as above)"
 
 
-def collapse_repeated_rows(rows: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+def collapse_repeated_rows(rows: list[tuple[str, str, str, str]],
+                           shown_locations: list[str] | None = None) -> list[tuple[str, str, str, str]]:
     """Table rows, readable at engine size: identical rows (one per layer, from one line in a loop) become one
-    row with "x N" after its location, and a reason repeated from the row above reads "(same reason as above)"."""
+    row with "x N" after its location, and a reason repeated from the row above reads "(same reason as above)".
+    `shown_locations` (one per row): what a row that stays alone shows as its location (which occurrence it is)."""
+    shown_locations = shown_locations or [row[2] for row in rows]
     counted: list[list] = []
-    for row in rows:
+    for row, shown_location in zip(rows, shown_locations):
         if counted and tuple(counted[-1][0]) == row:
             counted[-1][1] += 1
         else:
-            counted.append([row, 1])
+            counted.append([row, 1, shown_location])
     out = []
     previous_reason = None
-    for (status, kind, location, reason), n in counted:
+    for (status, kind, location, reason), n, shown_location in counted:
         shown = SAME_REASON if reason == previous_reason else reason
-        out.append((status, kind, f"{location} x{n}" if n > 1 else location, shown))
+        out.append((status, kind, f"{location} x{n}" if n > 1 else shown_location, shown))
         previous_reason = reason
     return out
 
@@ -214,7 +307,7 @@ class SyncRemainsError(RuntimeError):
 
     def __init__(self, items: list[SyncItem], extra: str = ""):
         self.items = list(items)
-        lines = [f"  {i.kind} at {i.location}: {i.reason}" for i in self.items]
+        lines = [f"  {i.kind} at {i.where()}: {i.what_happened()}" for i in self.items]
         msg = "syncfree (strict): host sync points remain after the pass:\n" + "\n".join(lines)
         if extra:
             msg += "\n" + extra

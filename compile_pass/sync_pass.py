@@ -23,7 +23,7 @@ from .fx_util import node_location
 from .normalize import DEVICE_COPY_METHODS
 from .options import SyncfreeOptions
 from .proof import ProofContext, Unsafe
-from .report import SyncItem
+from .report import SyncItem, escape_location, occurrence_fields
 from .rules import registered_rules
 
 
@@ -41,7 +41,11 @@ class PassResult:
 
 
 def _item(point: SyncPoint, reason: str, code: str = "", rule: str = "") -> SyncItem:
-    return SyncItem(point.kind, point.location, reason, point.host_sync, point.code, code, rule)
+    item = SyncItem(point.kind, point.location, reason, point.host_sync, point.code, code, rule,
+                    **occurrence_fields(point.value))
+    if code == "escapes":
+        item.escape_location = escape_location(point.value)
+    return item
 
 
 def _input_name(node: torch.fx.Node) -> str:

@@ -8,9 +8,10 @@ Indexing is eager's: every tensor may have any strides (a column of a metadata m
 tensor is read in place), and a request index idx with -R <= idx < 0 (R = req_to_token.size(0)) reads row
 idx + R. An index outside [-R, R) makes eager raise IndexError; here its row reads nothing and writes nothing
 (n_b is taken as 0): page_table leaves that row's columns unspecified, page_table_ leaves the buffer row as it
-was. With `checked=True`, device-side assertions (`torch._assert_async`) fire on a length past the static
-bound and on any request index outside [-R, R) (any row, as eager checks every index): no host sync either
-way. On CPU such an assertion raises RuntimeError at once; on CUDA it is a device-side assert.
+was. With `checked=True`, device-side assertions (`torch._assert_async`) fire on a length past the static bound and
+on any request index outside [-R, R) (any row, whatever its length, as eager checks every index): no host sync
+either way. A negative length is an empty row (n_b = 0), as eager reads it, and is not asserted here. On CPU
+such an assertion raises RuntimeError at once; on CUDA it is a device-side assert.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def _fill(out, req_to_token, req_pool_indices, seq_lens, page_size):
 
 
 def _assert_within(seq_lens: torch.Tensor, capacity: int) -> None:
-    # Device-side: an async assertion, no host read of the lengths.
+    # Device-side: an async assertion, no host read of the lengths. Only the upper end: the lengths a rule passes
+    # here are the consumer's (`seq_lens - k` may be negative for a padded row, an empty row as eager reads it);
+    # the rules assert the lengths their max covers within [0, bound] themselves (the "Bad lengths" contract).
     torch._assert_async(
         torch.all(seq_lens <= capacity),
         "syncfree: a sequence length exceeds the page table's static bound (max_context_len)",
@@ -119,8 +122,8 @@ def page_table(
     page_size, n_b = min(ceil(max(seq_lens[b], 0) / page_size), max_pages, ceil(req_to_token.size(1) / page_size)).
     Columns >= n_b are unspecified. Any strides; a negative index idx >= -R reads row idx + R as eager does. A
     row whose index is outside [-R, R) reads nothing and its columns are unspecified (eager would raise
-    IndexError); `checked=True` asserts on the device that every index is in range and every length within
-    max_pages * page_size."""
+    IndexError); `checked=True` asserts on the device that every index is in range and every length at most
+    max_pages * page_size (a negative length is an empty row)."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, page_size)
     check_positive_int("max_pages", max_pages)
     # Columns past n_b are unspecified: nothing pays for filling them.

@@ -196,7 +196,7 @@ def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), page_table.stride(1), cache_seqlens.stride(0),
-        width, page_size, scale, sq, splits, hkv,
+        width, page_size, scale, sq, splits, hkv, k_cache.shape[0],
         GROUP=group, HEAD_DIM=dim, HEADS_PER_PROGRAM=heads, HEADS=_next_pow2(heads), BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, DIRECT=direct,
         num_warps=SHORT_TUNING["num_warps"], num_stages=SHORT_TUNING["num_stages"],
@@ -232,7 +232,7 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), page_table.stride(1), cache_seqlens.stride(0),
-        width, page_size, scale, sq, splits,
+        width, page_size, scale, sq, splits, k_cache.shape[0],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=TUNING["block_n"], BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, DIRECT=direct,
         num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
@@ -251,12 +251,15 @@ def _attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale):
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
     width = page_table.shape[1]
     lengths = cache_seqlens.to(torch.int64).clamp(min=0, max=width * page_size)
-    keys = int(lengths.max()) if batch else 0  # a host read of a CPU tensor: no device sync
+    keys = int(lengths.max()) if batch and k_cache.shape[0] else 0  # a host read of a CPU tensor: no device sync
     t = torch.arange(keys, device=q.device)
     live = t[None, :] < lengths[:, None]  # [B, T]
     # Dead keys address page 0 so that no table column or page past L_b is used; their values are masked.
     cols = torch.where(live, t[None, :] // page_size, 0)
     pages = torch.where(live, torch.gather(page_table.to(torch.int64), 1, cols), 0)
+    # A key whose page id is not a page of the pool is skipped, as the kernels skip it (never read).
+    live = live & (pages >= 0) & (pages < k_cache.shape[0])
+    pages = torch.where(live, pages, 0)
     slots = (t % page_size)[None, :].expand_as(pages)
     k = torch.where(live[..., None, None], k_cache[pages, slots], 0).float()  # [B, T, Hkv, D]
     v = torch.where(live[..., None, None], v_cache[pages, slots], 0).float()

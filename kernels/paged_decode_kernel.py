@@ -5,7 +5,8 @@ Each program serves the whole GQA group of its KV head for every query of the ro
 split (DIRECT) it normalises and writes the output itself; with several it writes an unnormalised partial
 result of its live rows and `paged_decode_combine_kernel` merges the splits, one program per output row.
 Splits divide L_b, read on the device, so the work follows the live keys and a small batch still fills the GPU.
-Loads are masked by L_b: no page, page-table column or key past a row's length is read.
+Loads are masked by L_b: no page, page-table column or key past a row's length is read, and a key whose page id
+is outside [0, num_pages) is skipped (never read).
 """
 
 import triton
@@ -20,7 +21,7 @@ def paged_decode_split_kernel(
     k_sp, k_ss, k_sh,
     v_sp, v_ss, v_sh,
     pt_sb, pt_sw, lens_sb,
-    width, page_size, scale, num_queries, num_splits,
+    width, page_size, scale, num_queries, num_splits, num_pages,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     DIRECT: tl.constexpr,
@@ -56,6 +57,8 @@ def paged_decode_split_kernel(
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < end
         page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
+        # A key whose page id is not a page of the pool is never read: it is skipped.
+        t_ok = t_ok & (page >= 0) & (page < num_pages)
         slot = t % page_size
         k = tl.load(
             k_ptr + (page * k_sp + slot * k_ss + h * k_sh)[:, None] + dims[None, :],

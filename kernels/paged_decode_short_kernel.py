@@ -28,7 +28,7 @@ import triton.language as tl
 # Integers that change from shape to shape (the table width, the page size, the split count, the head count) are
 # not specialised, so that one compiled kernel serves them all (a benchmark sweep times 6 shapes per launch
 # setting); the strides are (divisibility by 16 gives vectorised loads), and so is Sq (1 folds away).
-@triton.jit(do_not_specialize=["width", "page_size", "num_splits", "kv_heads"])
+@triton.jit(do_not_specialize=["width", "page_size", "num_splits", "kv_heads", "num_pages"])
 def paged_decode_short_kernel(
     q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, acc_ptr, ml_ptr, out_ptr,
     q_sb, q_ss, q_sh,
@@ -36,7 +36,7 @@ def paged_decode_short_kernel(
     k_sp, k_ss, k_sh,
     v_sp, v_ss, v_sh,
     pt_sb, pt_sw, lens_sb,
-    width, page_size, scale, num_queries, num_splits, kv_heads,
+    width, page_size, scale, num_queries, num_splits, kv_heads, num_pages,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     DIRECT: tl.constexpr,
@@ -80,6 +80,8 @@ def paged_decode_short_kernel(
         t_ok = t < end
         # One load of the block's page-table entries serves every head of the program.
         page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
+        # A key whose page id is not a page of the pool is never read: it is skipped.
+        t_ok = t_ok & (page >= 0) & (page < num_pages)
         slot = t % page_size
         kv_mask = t_ok[None, :, None] & lane_ok
         # K and V of the block for all the heads, both requested before the first dot.

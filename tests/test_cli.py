@@ -86,6 +86,7 @@ def test_unsafe_target_exits_1_naming_the_line(target_dir):
     assert "unsafe_target.py:4" in proc.stdout and "kept" in proc.stdout
     assert "host syncs in Inductor code" in proc.stdout
     assert "legend:" in proc.stdout and "compiled: target unsafe_target:target" in proc.stdout
+    assert "H200" not in proc.stdout  # the GPU pitch is for the built-in example only
 
 
 @pytest.mark.inductor
@@ -174,7 +175,13 @@ def test_after_holds_the_rewritten_graph_and_a_diff(tmp_path, capsys):
     diff = (out / "rewrite.diff").read_text()
     assert diff == (out / "after" / "rewrite_0.diff").read_text()
     assert diff.startswith("--- dynamo_graph_0.py") and "\n+    page_table" in diff and "\n-    item = " in diff
-    assert "rewrite.diff" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "rewrite.diff" in printed
+    # README.md's quick-start sample is this output (make demo's, whose --out is syncfree-inspect-out)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    sample = readme.split("    compiled: example 'decode'", 1)[1].split("\n\n(", 1)[0]
+    sample = textwrap.dedent("    compiled: example 'decode'" + sample).strip()
+    assert printed.replace(str(out), "syncfree-inspect-out").strip() == sample
 
 
 @pytest.mark.inductor
@@ -224,3 +231,46 @@ def test_help_and_behaviour_agree_on_max_context_len(in_target_dir, capsys):
     assert "required" not in text and "every max is kept and the report says so" in text
     assert run_main("unsafe_target:target", "--out", "dump") == 1  # no bound: a report, not a usage error
     assert "max_context_len'] is missing" in capsys.readouterr().out
+
+
+def test_the_gpu_pitch_points_at_benchmarks_only_where_the_file_is(monkeypatch, tmp_path):
+    import compile_pass
+    from compile_pass.tools.inspect_cli import benchmarks_pointer
+
+    assert benchmarks_pointer() == "BENCHMARKS.md"  # the source tree
+    monkeypatch.setattr(compile_pass, "__file__", str(tmp_path / "site-packages" / "compile_pass" / "__init__.py"))
+    assert "not installed with the package" in benchmarks_pointer()  # a wheel has no BENCHMARKS.md
+
+
+PARAMETERS = textwrap.dedent("""\
+    import torch
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)   # parameters that require grad, as a loaded model's do
+
+        def forward(self, q, k, v, r2t, rpi, lens):
+            m = lens.max().item()
+            table = r2t[rpi, :m:4] // 4
+            out = torch.ops.syncfree.paged_decode(self.proj(q), k, v, table, lens, max_seqlen_k=m)
+            return out
+
+    def target():
+        g = torch.Generator().manual_seed(0)
+        r2t = torch.arange(4 * 32, dtype=torch.int32).view(4, 32)
+        return Step(), (torch.randn(2, 1, 4, 8, generator=g), torch.randn(32, 4, 2, 8, generator=g),
+                        torch.randn(32, 4, 2, 8, generator=g), r2t, torch.tensor([1, 3]), torch.tensor([5, 9]))
+    """)
+
+
+@pytest.mark.inductor
+def test_a_model_with_parameters_runs_as_decode_runs(tmp_path, monkeypatch, capsys):
+    """Without autograd (torch.no_grad(), as decode runs): the stock side would otherwise fail with "no autograd
+    formula" for the custom op before the pass runs."""
+    (tmp_path / "param_target.py").write_text(PARAMETERS)
+    monkeypatch.chdir(tmp_path)
+    code = run_main("param_target:target", "--max-context-len", "32", "--out", "dump")
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    assert "rewritten" in printed.out

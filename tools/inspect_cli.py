@@ -3,7 +3,8 @@
     syncfree-inspect TARGET [--max-context-len N] [--page-size N] [--out DIR] [--json] [--strict]
     syncfree-inspect --example NAME
 
-TARGET is `module:function`; the function returns (fn, example_args). Exit status: 0 when no host sync remains
+TARGET is `module:function`; the function returns (fn, example_args); both sides run it under torch.no_grad(),
+as decode runs. Exit status: 0 when no host sync remains
 after the pass, 1 when some remain (or --strict refused one), 2 on a usage error, 3 when compiling the target
 failed.
 
@@ -116,8 +117,10 @@ def _compile_and_run(fn, args, backend, options, directory: Path, progress: Prog
         return torch.compile(fn, backend=recording_backend(backend, graphs, name), **extra)
 
     def run(compiled):
+        # As decode runs: without autograd (a model with parameters would otherwise make AOT autograd trace a
+        # backward through custom ops that have no autograd formula).
         with log.observing_rewrites(lambda _, after: rewritten.append(after.code)), _compat.no_compile_caches(), \
-                _compat.capture_scalar_outputs():
+                _compat.capture_scalar_outputs(), torch.no_grad():
             return _compat.run_and_get_code(compiled, *args)
 
     compiled = fresh_compile()
@@ -201,9 +204,19 @@ def render(data: dict) -> str:
              f"rewritten, and their diff {data['dumps']['diff']}); report: {data['dump_dir']}/report.md, report.json"]
     if not data["depyf"]["used"]:
         lines.append(f"note: {data['depyf']['problem']}; the FX graphs and Inductor code were dumped without it")
-    lines.append("what it buys on a GPU (an H200, a Llama-3-8B-shaped model: the step as one CUDA graph, 3.2x "
-                 "the tokens/s of stock torch.compile at batch 1): BENCHMARKS.md")
+    if data.get("example"):  # the built-in model: what the same rewrite buys at scale
+        lines.append("what it buys on a GPU (an H200, a Llama-3-8B-shaped model: the step as one CUDA graph, 3.2x "
+                     f"the tokens/s of stock torch.compile at batch 1): {benchmarks_pointer()}")
     return "\n".join(lines)
+
+
+def benchmarks_pointer() -> str:
+    """BENCHMARKS.md where a source tree has it; a wheel has none."""
+    import compile_pass
+
+    if (Path(compile_pass.__file__).resolve().parent.parent / "BENCHMARKS.md").is_file():
+        return "BENCHMARKS.md"
+    return "BENCHMARKS.md in the torch-syncfree source tree (not installed with the package)"
 
 
 def remaining(data: dict) -> int:
@@ -259,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_COMPILE
     data["exit_status"] = EXIT_SYNCS if remaining(data) else EXIT_OK
     data["compiled"] = what
+    data["example"] = ns.example
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str))
     (out / "report.md").write_text("# syncfree-inspect report\n\n```\n" + render(data) + "\n```\n")
     print(json.dumps(data, indent=2, default=str) if ns.json else render(data))
