@@ -90,6 +90,13 @@ def describe_use(user: torch.fx.Node) -> str:
     return f"`{what}` at {node_location(user)}"
 
 
+def registration_call(user: torch.fx.Node) -> str:
+    """The call that would give an op the page-table rule's facts, with its own argument names to choose from."""
+    names = ", ".join(argument_names(user)) or "..."
+    return (f"compile_pass.register_self_guarding_consumer({user.target}, page_table=..., lengths=..., "
+            f"upper_bounds=(...)) with arguments among ({names})")
+
+
 def why_not(user: torch.fx.Node, what: str) -> Unsafe:
     """The reason a use of the max (what="the max") or of its page table is not allowed."""
     where = describe_use(user)
@@ -101,7 +108,9 @@ def why_not(user: torch.fx.Node, what: str) -> Unsafe:
     if user.op == "call_function" and user.target in COMPARES:
         return Unsafe("compared", f"{what} is compared ({where}), and the comparison must keep its value")
     if user.op == "call_function" and isinstance(user.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return Unsafe("not_a_consumer", f"{what} reaches {where}, which is not a registered self-guarding consumer")
+        return Unsafe("not_a_consumer", f"{what} reaches {where}, which is not a registered self-guarding consumer "
+                                        f"(if it reads no key past its lengths, register it: "
+                                        f"{registration_call(user)})")
     if what == "the max":
         return Unsafe("not_a_consumer",
                       f"{what} reaches {where}, neither a page-table bound nor an upper-bound argument")

@@ -132,6 +132,19 @@ def _is_op(node: torch.fx.Node) -> bool:
         or getattr(node.target, "_opoverload", None) is not None)
 
 
+def walk_the_total(walk_type, read: SyncPoint, ctx: ProofContext, what: str):
+    """The start of every proof in the family: a static bound exists, the walk over the total's uses, and at
+    least one buffer it sizes (`what` names the total in the reason)."""
+    if ctx.options.max_context_len is None:
+        raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
+                                 "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
+    walk = walk_type(read, ctx, ctx.options.max_context_len)
+    walk.follow_total(read.value)
+    if not walk.buffers:
+        raise Unsafe("nothing_to_rewrite", f"{what} sizes no allocation: nothing to rewrite")
+    return walk
+
+
 class BufferWalk:
     """A total's proof, from the buffers it sizes: `point.source` holds the summed lengths (a 1-D input)."""
 
@@ -186,7 +199,11 @@ class BufferWalk:
                                         "at the static size")
             if _is_op(user):
                 raise Unsafe("not_a_consumer", f"the buffer reaches {describe_use(user)}, which has no facts as a "
-                                               "bounded writer or a reader through an indptr")
+                                               "bounded writer or a reader through an indptr (register it: "
+                                               f"compile_pass.register_indptr_reader({user.target}, indices=..., "
+                                               "indptr=..., lengths=...) for a reader of indices[indptr[b] : "
+                                               "indptr[b] + lengths[b]], or compile_pass.register_indptr_writer("
+                                               f"{user.target}, out=..., indptr=..., lengths=...) for a writer)")
             if buf in written_by(user):
                 raise Unsafe("written", f"the buffer is written by {describe_use(user)}, which is not a bounded "
                                         "writer: the writes past the lengths would land elsewhere")

@@ -67,7 +67,8 @@ from ..proof import ProofContext, Unsafe, describe_use
 from . import register_rule
 from .flat_buffer import (IndptrReader, IndptrWriter, BufferWalk, assert_lengths_within,  # noqa: F401 (the facts'
                           register_indptr_reader, register_indptr_writer, registered_flat_kv_facts,  # public home
-                          resize_buffers, unregister_flat_kv_facts)  # stays importable from here)
+                          resize_buffers, unregister_flat_kv_facts,  # stays importable from here)
+                          walk_the_total)
 
 RULE = "flat_kv_indices"
 
@@ -142,14 +143,7 @@ class FlatKvIndices:
         if root.op != "placeholder" or getattr(value, "ndim", 0) != 1:
             raise Unsafe("not_lengths", f"the sum is over {root.name} ({describe_use(root)}), not a 1-D lengths "
                                         "input: no bound is known for its elements")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
-                                     "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
-        walk = _Walk(read, ctx, ctx.options.max_context_len)
-        walk.follow_total(read.value)
-        if not walk.buffers:
-            raise Unsafe("nothing_to_rewrite", "the sum sizes no allocation: nothing to rewrite")
-        return walk.plan()
+        return walk_the_total(_Walk, read, ctx, "the sum").plan()
 
     # -- the rewrite --------------------------------------------------------------------------------------
     def rewrite(self, plan: FlatKvPlan, graph: torch.fx.Graph, options) -> str:

@@ -42,7 +42,7 @@ from ..fx_util import code_line, node_location
 from ..normalize import INT_DTYPES, dtype_of
 from ..proof import ProofContext, Unsafe, declare_reasons
 from . import Option, register_rule
-from .flat_buffer import BufferWalk, assert_lengths_within, resize_buffers
+from .flat_buffer import BufferWalk, assert_lengths_within, resize_buffers, walk_the_total
 
 RULE = "host_sums"
 
@@ -117,13 +117,7 @@ class HostSums:
             wanted = dict(ctx.options.rule_option("host_sums"))[attr]
             raise Unsafe("host_sum_lengths", f"options['host_sums'] declares {attr} = sum({wanted}), but {wanted} "
                                              "is not a 1-D int32/int64 input of this graph on the same object")
-        if ctx.options.max_context_len is None:
-            raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
-                                     "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
-        walk = BufferWalk(read, ctx, ctx.options.max_context_len)
-        walk.follow_total(read.value)
-        if not walk.buffers:
-            raise Unsafe("nothing_to_rewrite", f"{attr} sizes no allocation: nothing to rewrite")
+        walk = walk_the_total(BufferWalk, read, ctx, attr)
         touches = {read.value} | {b.alloc for b in walk.buffers}
         return HostSumPlan(read, walk.bound, walk.root, tuple(walk.buffers), frozenset(touches),
                            frozenset(walk.disjoint))

@@ -14,6 +14,7 @@ import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from compile_pass.normalize import floored_at_zero
 from compile_pass.rules.flat_kv_indices import register_indptr_reader
+from reference import read_through_indptr
 from passlib import make_fb, run
 
 MCL = 64
@@ -24,13 +25,7 @@ VECTORS = [[3, 9, 5], [0, 64, 1], [1, 1, 1], [0, 0, 0], [64, 64, 64], [17, 2, 40
 
 @torch.library.custom_op("syncfree_clamp_test::read", mutates_args=())
 def read(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    rows = []
-    for b in range(lens.shape[0]):
-        start, n = int(indptr[b]), max(int(lens[b]), 0)
-        if start < 0 or start + n > indices.numel():
-            raise RuntimeError(f"row {b} reads indices[{start}:{start + n}] of {indices.numel()}")
-        rows.append((values[indices[start : start + n].to(torch.int64)] * torch.arange(1, n + 1)).sum())
-    return torch.stack(rows)
+    return read_through_indptr(values, indices, indptr, lens)
 
 
 @read.register_fake

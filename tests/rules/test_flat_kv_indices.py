@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import compile_pass
 from compile_pass import rules, sync_pass
 from compile_pass.rules.flat_kv_indices import register_indptr_reader
+from reference import read_through_indptr
 from passlib import length_vectors, make_fb, run
 
 MCL = 64
@@ -21,16 +22,7 @@ KV = torch.ops.syncfree.kv_indices
 
 
 # -- test readers through an indptr, and an unregistered writer ------------------------------------------------
-def _gather_sum(values, indices, indptr, lens):
-    # Reads only indices[indptr[b] : indptr[b] + lens[b]]; raises where a real kernel would read out of bounds.
-    rows = []
-    for b in range(lens.shape[0]):
-        start, n = int(indptr[b]), max(int(lens[b]), 0)
-        if start < 0 or start + n > indices.numel():
-            raise RuntimeError(f"row {b} reads indices[{start}:{start + n}] of {indices.numel()}")
-        idx = indices[start : start + n].to(torch.int64)
-        rows.append((values[idx] * torch.arange(1, n + 1, dtype=values.dtype)).sum())
-    return torch.stack(rows) if rows else values.new_zeros(0)
+_gather_sum = read_through_indptr
 
 
 @torch.library.custom_op("syncfree_flat_test::gather_sum", mutates_args=())

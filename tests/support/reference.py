@@ -37,3 +37,18 @@ def attention_f64(q, k_cache, v_cache, page_table, cache_seqlens, scale=None):
                 weights = torch.softmax(keys @ q[b, i, h] * scale, 0)
                 out[b, i, h] = weights @ values
     return out
+
+
+def read_through_indptr(values, indices, indptr, lens):
+    """A reader through an indptr (FlashInfer's flat kv_indices layout): row b reads only
+    indices[indptr[b] : indptr[b] + lens[b]] and sums values there with weights 1..n; raises where a real kernel
+    would read out of bounds."""
+    rows = []
+    for b in range(lens.shape[0]):
+        start, n = int(indptr[b]), max(int(lens[b]), 0)
+        if start < 0 or start + n > indices.numel():
+            raise RuntimeError(f"row {b} reads indices[{start}:{start + n}] of {indices.numel()}")
+        idx = indices[start : start + n].to(torch.int64)
+        rows.append((values[idx] * torch.arange(1, n + 1, dtype=values.dtype)).sum())
+    return torch.stack(rows) if rows else values.new_zeros(0)
+
