@@ -309,3 +309,42 @@ def user_triton_kernel(node: torch.fx.Node):
     except (AssertionError, KeyError):
         return None
     return kernel, dict(constants)
+
+
+# -- Dynamo tracing (issue 30) --------------------------------------------------------------------------------
+# What the backend gives Dynamo while it traces: a callback at each captured `.item()`, where a max of declared
+# lengths receives its value range (compile_pass.tracing). Tested in tests/test_tracing.py.
+_ITEM_HOOKS: list = []
+
+
+def on_captured_item(hook) -> None:
+    """Call `hook(item_node, value)` whenever Dynamo captures a `Tensor.item()` (also `int(t)`, `t.__index__()`)
+    into the graph: `item_node` is the FX node just created, `value` its fake SymInt / SymFloat. Installed once
+    (a wrapper around Dynamo's TensorVariable.call_method); the hook runs inside Dynamo's trace."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    if hook not in _ITEM_HOOKS:
+        _ITEM_HOOKS.append(hook)
+    if getattr(TensorVariable.call_method, "_syncfree_item_hook", False):
+        return
+    original = TensorVariable.call_method
+
+    def call_method(self, tx, name, *rest, **kw):
+        result = original(self, tx, name, *rest, **kw)
+        if name == "item" and _ITEM_HOOKS:
+            proxy = getattr(result, "proxy", None)
+            node = getattr(proxy, "node", None)
+            if isinstance(node, torch.fx.Node):
+                for each in list(_ITEM_HOOKS):
+                    each(node, node.meta.get("example_value"))
+        return result
+
+    call_method._syncfree_item_hook = True  # type: ignore[attr-defined]
+    TensorVariable.call_method = call_method
+
+
+def symbol_of(value):
+    """The sympy symbol behind an unbacked SymInt (u0), or None."""
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", None)
+    return expr if getattr(expr, "is_Symbol", False) else None

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import _compat, log
+from . import _compat, log, tracing
 from .normalize import is_full_max
 from .options import SyncfreeOptions
 from .sync_pass import PassResult, SyncPass
@@ -76,6 +76,18 @@ def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pa
     return guarded
 
 
+def run_sync_pass(gm: torch.fx.GraphModule, opts: SyncfreeOptions) -> PassResult:
+    """SyncPass on a Dynamo graph, with the ranges the backend gave while Dynamo traced (compile_pass.tracing)
+    taken out before (and the widths they respelled read back as the rules know them) and checked again, on the
+    host, for every max the pass keeps."""
+    if tracing.strip_range_asserts(gm.graph) + tracing.respell_widths(gm.graph):
+        gm.recompile()
+    result = SyncPass(opts)(gm)
+    if tracing.recheck_kept(gm.graph):
+        gm.recompile()
+    return result
+
+
 def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                      mode: str | None = None, **unexpected):
     """torch.compile(fn, backend="syncfree", options={"max_context_len": 4096, ...})."""
@@ -85,7 +97,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     start = time.perf_counter()
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(SyncPass(opts)(rewritten), opts)
+        report = report_of(run_sync_pass(rewritten, opts), opts)
         log.graph_rewritten(gm, rewritten)
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
@@ -150,6 +162,9 @@ def _new_graph_breaks() -> list[SyncItem]:
                "the host" if host else f"graph break here ({first}); no host read is known to be involved")
         if "capture_scalar_outputs" in reason:
             why = "kept: graph break at .item(): " + CAPTURE_FIX
+        fix = tracing.fix_for(reason)
+        if fix is not None:
+            why += "; " + fix
         items.append(SyncItem("graph_break", location, why, host, "", "graph_break" if host else ""))
     return items
 
@@ -280,13 +295,13 @@ def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None,
                "strict": strict, **kw}
     if cudagraphs is not None:
         options["cudagraphs"] = cudagraphs
-    SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
+    opts = SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _compat.capture_scalar_outputs(), collecting_reports(graph_reports):
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(opts), collecting_reports(graph_reports):
             try:
                 return compiled(*args, **kwargs)
             except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself

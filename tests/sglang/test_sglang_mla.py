@@ -14,7 +14,7 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | path | status | reason | what it costs a user | what they can do |
 |---|---|---|---|---|
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
-| flashmla_decode_mirror (verify, draft extend: the same line) | graph_break | `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151, the persistent block table grown to the running max) | a host read of the mirror, a graph break per step and the metadata builder outside the graph | do not publish seq_lens_cpu for FlashMLA (its default); or a branch-free builder (the static width) |
+| flashmla_decode_mirror (verify, draft extend: the same line) | kept (`not_a_consumer`) | traced as one graph: the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value; the page count then slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), which the page-table rule reads as a page-level table reaching the writer, and the allocated-table rule has no grow-on-demand form yet | a host read of the mirror (no device sync), one graph per batch size | do not publish seq_lens_cpu for FlashMLA (its default) |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_{verify,draft_extend}, static or not | kept (`lengths_differ`) | the max is over `seq_lens_cpu[:bs] + 4` (:343) and the kernel's lengths are `seq_lens.to(int32)`: not related by the rule | a host read of the mirror per replay | (a rule gap) |
@@ -61,15 +61,17 @@ PATHS = {p.name: p for p in [
     _mla("trtllm_mla", "decode", mirror=True),  # verify / draft extend: the same line (trtllm_mla_backend.py:355)
 ]}
 
-FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
-                  "data-dependent expression"
 TRTLLM_BRANCH = "trtllm_mla_backend.py:355: Consider annotating your code using torch._check*(). Could not guard on " \
                 "data-dependent expression"
 EXPECTED = {
     "flashmla_decode": ("nothing", None),
     "flashmla_verify": ("nothing", None),
     "flashmla_draft_extend": ("nothing", None),
-    "flashmla_decode_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    # the backend gives the mirror's max its range [0, max_context_len] while Dynamo traces: the grow-on-demand
+    # branch (flashmla_backend.py:151) is False for every such value and no longer breaks; the pass then keeps the
+    # max, since the page count slices a persistent scratch table filled by the writer (not a consumer): the
+    # allocated-table rule's grow-on-demand form (issue 30, item 2) is not there yet
+    "flashmla_decode_mirror": ("kept", "not_a_consumer"),
     # automatic dynamic: the first batch size's static graph is rewritten, the dynamic graph after it is kept (the
     # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
     "flashmla_replay_decode": ("kept", "lengths_differ"),
@@ -207,3 +209,30 @@ def test_block_table_writer_stand_in(mla_backends):
     with pytest.raises(IndexError, match="row stride is 3"):  # 256 tokens need 4 columns
         ops.create_flashmla_kv_indices_triton[(2, 1)](r2t, torch.tensor([2, 0]), torch.tensor([256, 64]), None,
                                                        narrow, r2t.stride(0), narrow.stride(0))
+
+
+def test_the_grow_on_demand_branch_no_longer_breaks_the_graph(mla_backends):
+    """Issue 30: with the range given while Dynamo traces, FlashMLA's eager metadata with the mirror published is one
+    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass."""
+    result = outcome("flashmla_decode_mirror")
+    assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
+    kept = [i for r in result.reports for i in r.kept]
+    assert kept and all(i.location == "flashmla_backend.py:164" and not i.host_sync for i in kept), B.shown(result)
+
+
+def test_a_kept_mirror_max_past_the_bound_raises(mla_backends):
+    """The range the max was traced with is checked again on the host where the pass keeps the max: a length past
+    max_context_len raises instead of running a graph traced for lengths within it."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["flashmla_decode_mirror"])
+    engine = B.Engine(path)
+    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
+    step, _ = B.compile_step(path, engine.step)
+    fb, hidden = engine.make_batch([100, 7], seed=0)
+    step(fb, hidden)
+    fb, hidden = engine.make_batch([100, 7], seed=1)
+    fb.seq_lens_cpu = fb.seq_lens_cpu + B.MAX_CONTEXT  # the mirror past the bound (only the host read sees it)
+    with pytest.raises(RuntimeError, match="exceeds max_context_len=256"):
+        step(fb, hidden)
