@@ -318,9 +318,10 @@ _ITEM_HOOKS: list = []
 
 
 def on_captured_item(hook) -> None:
-    """Call `hook(item_node, value)` whenever Dynamo captures a `Tensor.item()` (also `int(t)`, `t.__index__()`)
-    into the graph: `item_node` is the FX node just created, `value` its fake SymInt / SymFloat. Installed once
-    (a wrapper around Dynamo's TensorVariable.call_method); the hook runs inside Dynamo's trace."""
+    """Call `hook(item_node, value, root_code)` whenever Dynamo captures a `Tensor.item()` (also `int(t)`,
+    `t.__index__()`) into the graph: `item_node` is the FX node just created, `value` its fake SymInt / SymFloat,
+    `root_code` the code object of the frame Dynamo is compiling (the outermost one, inlined calls included).
+    Installed once (a wrapper around Dynamo's TensorVariable.call_method); the hook runs inside Dynamo's trace."""
     from torch._dynamo.variables.tensor import TensorVariable
 
     if hook not in _ITEM_HOOKS:
@@ -335,8 +336,9 @@ def on_captured_item(hook) -> None:
             proxy = getattr(result, "proxy", None)
             node = getattr(proxy, "node", None)
             if isinstance(node, torch.fx.Node):
+                root = getattr(getattr(tx, "output", None), "root_tx", None)
                 for each in list(_ITEM_HOOKS):
-                    each(node, node.meta.get("example_value"))
+                    each(node, node.meta.get("example_value"), getattr(root, "f_code", None))
         return result
 
     call_method._syncfree_item_hook = True  # type: ignore[attr-defined]
@@ -348,3 +350,38 @@ def symbol_of(value):
     node = getattr(value, "node", None)
     expr = getattr(node, "expr", None)
     return expr if getattr(expr, "is_Symbol", False) else None
+
+
+_GUARD_HOOKS: list = []
+
+
+def on_data_dependent_guard(hook) -> None:
+    """Call `hook(shape_env, expr)` where the user's code branches on a condition over unbacked symbols that
+    Dynamo cannot decide (`if blocks % lcm != 0:`, where it would break the graph). Only the user's own branches
+    (Dynamo's SymNodeVariable.evaluate_expr: `if`, `bool()`), not the guards torch evaluates internally (those
+    catch the error and take a general path). The hook returns None (the break stands) or the value to trace
+    with, after recording a runtime assertion of it (`shape_env.guard_or_defer_runtime_assert`). Installed once."""
+    from torch._dynamo.variables.tensor import SymNodeVariable
+
+    if hook not in _GUARD_HOOKS:
+        _GUARD_HOOKS.append(hook)
+    if getattr(SymNodeVariable.evaluate_expr, "_syncfree_guard_hook", False):
+        return
+    original = SymNodeVariable.evaluate_expr
+
+    def evaluate_expr(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except Exception:
+            node = getattr(getattr(self, "sym_num", None), "node", None)
+            shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+            if shape_env is None or expr is None or not free_unbacked_symbols(self.sym_num):
+                raise
+            for each in list(_GUARD_HOOKS):
+                value = each(shape_env, expr)
+                if value is not None:
+                    return bool(value)
+            raise
+
+    evaluate_expr._syncfree_guard_hook = True  # type: ignore[attr-defined]
+    SymNodeVariable.evaluate_expr = evaluate_expr

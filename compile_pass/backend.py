@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from . import _compat, log, tracing
+from .find_sync_points import find_cpu_mirrors
 from .normalize import is_full_max
 from .options import SyncfreeOptions
 from .sync_pass import PassResult, SyncPass
@@ -80,10 +81,12 @@ def run_sync_pass(gm: torch.fx.GraphModule, opts: SyncfreeOptions) -> PassResult
     """SyncPass on a Dynamo graph, with the ranges the backend gave while Dynamo traced (compile_pass.tracing)
     taken out before (and the widths they respelled read back as the rules know them) and checked again, on the
     host, for every max the pass keeps."""
+    assumed = tracing.traced_at_bound(gm.graph)
     if tracing.strip_range_asserts(gm.graph) + tracing.respell_widths(gm.graph):
         gm.recompile()
     result = SyncPass(opts)(gm)
-    if tracing.recheck_kept(gm.graph):
+    mirrors = find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors))
+    if tracing.settle_at_bound(gm.graph, assumed, mirrors) + tracing.recheck_kept(gm.graph):
         gm.recompile()
     return result
 
@@ -99,6 +102,8 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         rewritten = _compat.copy_dynamo_graph_module(gm)
         report = report_of(run_sync_pass(rewritten, opts), opts)
         log.graph_rewritten(gm, rewritten)
+    except tracing.Retrace:
+        raise  # compile_pass.compile traces the frame again, without assuming a branch at the bound
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
             raise
@@ -144,15 +149,17 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
     return report
 
 
-_BREAKS_SEEN = [0]
+_BREAKS_SEEN: list = [0, None]  # how many, and the last one
 
 
 def _new_graph_breaks() -> list[SyncItem]:
     """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync."""
     reasons = _compat.graph_break_reasons()
-    if len(reasons) < _BREAKS_SEEN[0]:  # torch._dynamo.reset() cleared them
-        _BREAKS_SEEN[0] = 0
-    new, _BREAKS_SEEN[0] = reasons[_BREAKS_SEEN[0]:], len(reasons)
+    seen, last = _BREAKS_SEEN
+    if len(reasons) < seen or (seen and reasons[seen - 1] != last):  # torch._dynamo.reset() cleared them
+        seen = 0
+    new = reasons[seen:]
+    _BREAKS_SEEN[:] = [len(reasons), reasons[-1] if reasons else None]
     items = []
     for reason, location in new:
         host = any(word in reason for word in ("generic_jump", "item()", ".item", "tolist", "numpy",
@@ -296,14 +303,15 @@ def compile(fn: Callable, *, max_context_len: int, page_size: int | None = None,
     if cudagraphs is not None:
         options["cudagraphs"] = cudagraphs
     opts = SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
+    policy = tracing.TracingPolicy.from_options(opts, fn)
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(opts), collecting_reports(graph_reports):
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy), collecting_reports(graph_reports):
             try:
-                return compiled(*args, **kwargs)
+                return tracing.call_retracing(compiled, policy, *args, **kwargs)
             except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
                 inner = getattr(e, "inner_exception", None)
                 if isinstance(inner, SyncRemainsError):

@@ -25,14 +25,24 @@ What gets a range, and why it is sound:
         the rewrite itself is;
       - a max the pass kept gets the two asserts back, right after its `.item()` (`recheck_kept`): a host check
         of a value already on the host, so the kept graph never runs on an assumption it did not check.
-A guard whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at m = 0) is not
-decided by the range: Dynamo still breaks there, and the report names the line.
+A branch of the user's code whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at
+m = 0 only) is traced with the outcome it has at the bound, the width a rewrite gives, where all of this holds:
+`checked=True`, the frame Dynamo traces is the compiled function's own (nothing of the call has run yet), and
+every symbol of the condition is such a ranged max. Dynamo records the outcome as a runtime assertion; the
+backend takes it out before the pass and then:
+  - the pass rewrote the max (its proof: the result does not depend on the max within the bound, for the code
+    traced): the outcome is asserted on the device, on the max of the lengths (`_assert_async`, no host read),
+    so a step whose max would take the other branch raises instead of running code that was not traced for it;
+  - the pass kept the max: the backend raises `Retrace`, and `compile_pass.compile` traces the frame again with
+    that line off (nothing ran, so nothing runs twice): Dynamo breaks at the branch as it does without the
+    backend, and the kept max runs exactly as eager.
+Only the user's branches (Dynamo's `SymNodeVariable.evaluate_expr`) are decided this way, never a guard torch
+evaluates internally (those fall back to a general path by themselves).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import operator
 
 import torch
@@ -40,73 +50,134 @@ import torch.fx
 
 from . import _compat
 from .find_sync_points import attribute_name
+from .fx_util import insert_call, node_location
 from .normalize import ASSERTS, asserted_bound, max_source
 
 LENGTHS_NAMES = frozenset({"seq_lens", "seq_lens_cpu"})
 META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
 
 
-@dataclasses.dataclass(frozen=True)
 class TracingPolicy:
-    """The bounds the backend may give while Dynamo traces, from the backend's options."""
+    """The bounds the backend may give while Dynamo traces one compiled function, from the backend's options.
 
-    max_context_len: int | None
-    length_bounds: tuple = ()  # ((name, bound), ...)
-    mirror_names: frozenset = frozenset()
+    `root_code`: the code object of the compiled function. A branch that differs inside the range is traced at
+    the bound only while Dynamo compiles that frame (nothing of the call has run yet, so a retrace is possible),
+    only under `checked=True`, and never again at an `.item()` whose line is in `not_at_bound`."""
+
+    def __init__(self, opts, root_code=None):
+        self.max_context_len = opts.max_context_len
+        self.length_bounds = dict(opts.rule_option("length_bounds") or ())
+        self.mirror_names = frozenset(n for pair in opts.cpu_mirrors for n in pair)
+        self.mirrors = dict(opts.cpu_mirrors)
+        self.checked = opts.checked
+        self.root_code = root_code
+        self.not_at_bound: set[str] = set()
 
     @classmethod
-    def from_options(cls, opts) -> "TracingPolicy":
-        bounds = dict(opts.rule_option("length_bounds") or ())
-        mirrors = frozenset(n for pair in opts.cpu_mirrors for n in pair)
-        return cls(opts.max_context_len, tuple(sorted(bounds.items())), mirrors)
+    def from_options(cls, opts, fn=None) -> "TracingPolicy":
+        return cls(opts, getattr(getattr(fn, "__func__", fn), "__code__", None))
 
     def bound_of(self, name: str | None) -> tuple[int, str] | None:
         """(bound, how it was set) for a lengths input called `name`, or None when it is not one."""
-        declared = dict(self.length_bounds)
-        if name in declared:
-            return declared[name], f"length_bounds['{name}']={declared[name]}"
+        if name in self.length_bounds:
+            return self.length_bounds[name], f"length_bounds['{name}']={self.length_bounds[name]}"
         if self.max_context_len is not None and (name in LENGTHS_NAMES or name in self.mirror_names):
             return self.max_context_len, f"max_context_len={self.max_context_len}"
         return None
 
 
 _ACTIVE: list[TracingPolicy] = []
+_AT_BOUND: dict = {}  # (id(shape_env), symbol) -> (bound, item node): guards on it are traced at the bound
+AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
 
 
 def lengths_bound(item: torch.fx.Node, policy: TracingPolicy) -> tuple[int, str] | None:
     """The bound of a captured `.item()` whose receiver is a full max of a lengths graph input, else None."""
-    if not item.args:
-        return None
-    source = max_source(item.args[0])
-    if not isinstance(source, torch.fx.Node) or source.op != "placeholder":
-        return None
-    if str(getattr(_compat.example_value(source), "dtype", "")) not in ("torch.int32", "torch.int64"):
+    source = lengths_of(item)
+    if source is None or str(getattr(_compat.example_value(source), "dtype", "")) not in ("torch.int32",
+                                                                                          "torch.int64"):
         return None
     return policy.bound_of(attribute_name(_compat.placeholder_source_name(source)))
 
 
-def _on_item(item: torch.fx.Node, value) -> None:
+def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
+    """The graph input an `.item()` takes the full max of, or None."""
+    source = max_source(item.args[0]) if item.args else None
+    return source if isinstance(source, torch.fx.Node) and source.op == "placeholder" else None
+
+
+def _on_item(item: torch.fx.Node, value, root_code) -> None:
     if not _ACTIVE or _compat.symbol_of(value) is None or not isinstance(value, torch.SymInt):
         return
-    found = lengths_bound(item, _ACTIVE[-1])
+    policy = _ACTIVE[-1]
+    found = lengths_bound(item, policy)
     if found is None:
         return
     bound, text = found
     torch._check(value >= 0)
     torch._check(value <= bound)
     item.meta[META] = (bound, text)
+    if policy.checked and root_code is not None and root_code is policy.root_code \
+            and node_location(item) not in policy.not_at_bound:
+        item.meta[AT_BOUND] = []
+        _AT_BOUND[(id(value.node.shape_env), _compat.symbol_of(value))] = (bound, item)
+
+
+def _on_guard(shape_env, expr):
+    """A guard on ranged maxima that differs inside the range: traced with its outcome at the bound, which a
+    runtime assertion records (the backend turns it into a device assertion when the max is rewritten, and has
+    the frame traced again without it when the max is kept)."""
+    import sympy
+
+    symbols = list(getattr(expr, "free_symbols", None) or ())
+    entries = [_AT_BOUND.get((id(shape_env), s)) for s in symbols]
+    if not entries or any(e is None for e in entries):
+        return None
+    value = expr.xreplace({s: sympy.Integer(e[0]) for s, e in zip(symbols, entries)})
+    if value not in (sympy.true, sympy.false):
+        return None
+    guard = expr if value is sympy.true else sympy.Not(expr)
+    shape_env.guard_or_defer_runtime_assert(guard, f"syncfree: traced at the bound: {guard}")
+    for _, item in entries:
+        item.meta[AT_BOUND].append((str(shape_env.simplify(guard)), guard))
+    return value
 
 
 @contextlib.contextmanager
-def bounded_maxima(opts):
+def bounded_maxima(policy: TracingPolicy):
     """While Dynamo traces inside this block, a max of declared lengths read with `.item()` lies in [0, bound]
     (the module docstring says when, and why that is sound)."""
     _compat.on_captured_item(_on_item)
-    _ACTIVE.append(TracingPolicy.from_options(opts))
+    _compat.on_data_dependent_guard(_on_guard)
+    _ACTIVE.append(policy)
     try:
         yield
     finally:
         _ACTIVE.pop()
+        if not _ACTIVE:
+            _AT_BOUND.clear()
+
+
+class Retrace(Exception):
+    """Raised by the backend for a kept max whose frame was traced at the bound: trace it again without."""
+
+    def __init__(self, locations):
+        super().__init__(f"syncfree: the max at {', '.join(sorted(locations))} is kept; tracing the frame again "
+                         "without assuming a branch's outcome at the bound")
+        self.locations = set(locations)
+
+
+def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
+    """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace: nothing of the call has run, since
+    only the compiled function's own frame is traced at the bound), the call again with those lines off."""
+    while True:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as e:
+            inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
+            if not isinstance(inner, Retrace) or inner.locations <= policy.not_at_bound:
+                raise
+            policy.not_at_bound |= inner.locations
 
 
 # -- the backend's side: before and after the pass ------------------------------------------------------------
@@ -121,8 +192,10 @@ def strip_range_asserts(graph: torch.fx.Graph) -> int:
     erased = 0
     for item in ranged_items(graph):
         bound = item.meta[META][0]
+        texts = [text for text, _ in item.meta.get(AT_BOUND, ())]
         for compare in list(item.users):
             if asserted_bound(compare, item) not in (("lower", 0), ("upper", bound)):
+                erased += _strip_at_bound(graph, compare, texts)
                 continue
             for check in list(compare.users):
                 if check.op == "call_function" and check.target in ASSERTS and not check.users:
@@ -136,6 +209,28 @@ def strip_range_asserts(graph: torch.fx.Graph) -> int:
             if isinstance(receiver, torch.fx.Node) and not receiver.users:
                 graph.erase_node(receiver)
     return erased
+
+
+def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]) -> int:
+    """Erase the asserts of a branch traced at the bound (their text names the guard) that `node` leads to, and
+    the arithmetic left dead by it."""
+    if not texts:
+        return 0
+    erased = 0
+    for user in list(node.users):
+        if user.op == "call_function" and user.target in ASSERTS and len(user.args) > 1 \
+                and any(f"expression {t} on node" in str(user.args[1]) for t in texts):
+            graph.erase_node(user)
+            erased += 1
+        elif user.op == "call_function":
+            erased += _strip_at_bound(graph, user, texts)
+    if erased and not node.users and node.op == "call_function" and not _is_item(node):
+        graph.erase_node(node)
+    return erased
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return META in node.meta
 
 
 def respell_widths(graph: torch.fx.Graph) -> int:
@@ -170,6 +265,66 @@ def respell_widths(graph: torch.fx.Graph) -> int:
             graph.erase_node(end)
         count += 1
     return count
+
+
+def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
+    """(item, lengths input, guards) of every ranged `.item()` whose frame was traced at the bound."""
+    return [(n, lengths_of(n), [g for _, g in n.meta[AT_BOUND]]) for n in ranged_items(graph)
+            if n.meta.get(AT_BOUND)]
+
+
+def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
+    """After the pass: a kept max traced at the bound asks for the frame to be traced again without (Retrace);
+    a rewritten one gets each branch outcome it was traced with asserted on the device, on the max of its
+    lengths (the device twin of a CPU mirror). Returns how many device assertions were inserted."""
+    present = set(graph.nodes)
+    kept = {node_location(item) for item, _, _ in assumed if item in present}
+    if kept:
+        raise Retrace(kept)
+    count = 0
+    anchor = next(n for n in graph.nodes if n.op != "placeholder")
+    for item, lengths, guards in assumed:
+        lengths = mirrors.get(lengths) or lengths
+        top = insert_call(graph, anchor, torch.amax, (lengths,), lengths)
+        for guard in guards:
+            holds = _device_value(graph, anchor, guard, top, lengths)
+            insert_call(graph, anchor, torch.ops.aten._assert_async.msg,
+                        (holds, f"syncfree: a branch at {node_location(item)} was traced with the outcome it "
+                                f"has at the bound ({guard}), and this step's max of the lengths does not give it"),
+                        lengths)
+            count += 1
+    return count
+
+
+_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
+              "PythonMod": operator.mod, "Ne": operator.ne, "Equality": operator.eq, "Unequality": operator.ne,
+              "StrictLessThan": operator.lt, "LessThan": operator.le, "StrictGreaterThan": operator.gt,
+              "GreaterThan": operator.ge, "And": torch.logical_and, "Or": torch.logical_or, "Max": torch.maximum,
+              "Min": torch.minimum}
+
+
+def _device_value(graph, anchor, expr, value: torch.fx.Node, like: torch.fx.Node):
+    """The sympy expression `expr` of one symbol, computed with tensor ops on the device tensor `value`."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return value
+    name = type(expr).__name__
+    if name == "Not":
+        return insert_call(graph, anchor, torch.logical_not, (_device_value(graph, anchor, expr.args[0], value,
+                                                                              like),), like)
+    if name not in _SYMPY_OPS:
+        raise NotImplementedError(f"no device spelling for {name} in {expr}")
+    args = [_device_value(graph, anchor, a, value, like) for a in expr.args]
+    result = args[0]
+    for other in args[1:]:
+        if not isinstance(result, torch.fx.Node) and not isinstance(other, torch.fx.Node):
+            result = _SYMPY_OPS[name](result, other)
+            continue
+        if not isinstance(result, torch.fx.Node) and name in ("Add", "Mul"):
+            result, other = other, result
+        result = insert_call(graph, anchor, _SYMPY_OPS[name], (result, other), like)
+    return result
 
 
 def recheck_kept(graph: torch.fx.Graph) -> int:

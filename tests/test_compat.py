@@ -210,3 +210,24 @@ def test_known_equal_decides_ints_and_symbolic_sizes_without_guards():
     f = torch.compile(lambda x: x * 2, backend=backend, dynamic=True)
     f(torch.ones(5))
     assert seen == {"same": True, "other": False}
+
+
+# -- Dynamo tracing (issue 30) --------------------------------------------------------------------------------
+def test_on_captured_item_sees_each_item_with_its_fake_value():
+    seen = []
+
+    def hook(node, value, root_code):
+        seen.append((node.op, node.target, _compat.symbol_of(value) is not None, root_code is not None))
+
+    _compat.on_captured_item(hook)
+    _compat.on_captured_item(hook)  # once only
+    try:
+        torch._dynamo.reset()
+        with _compat.capture_scalar_outputs():
+            torch.compile(lambda x: torch.zeros(int(x.max())) + x.max().item(), backend="eager")(
+                torch.tensor([2, 3]))
+    finally:
+        _compat._ITEM_HOOKS.remove(hook)
+        torch._dynamo.reset()
+    assert seen and all(s == ("call_method", "item", True, True) for s in seen)
+    assert _compat.symbol_of(3) is None

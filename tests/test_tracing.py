@@ -52,7 +52,7 @@ class Recorder:
 
 def _run(fn, backend, *args, traced=True):
     compiled = torch.compile(fn, backend=backend)
-    with _compat.capture_scalar_outputs(), (tracing.bounded_maxima(backend.options) if traced
+    with _compat.capture_scalar_outputs(), (tracing.bounded_maxima(tracing.TracingPolicy(backend.options)) if traced
                                              else _nullcontext()):
         return compiled(*args)
 
@@ -100,7 +100,7 @@ def test_a_kept_max_checks_its_range_on_the_host():
     backend = Recorder()
     scratch = Scratch(16 // PS)
     compiled = torch.compile(grow_step, backend=backend)
-    with _compat.capture_scalar_outputs(), tracing.bounded_maxima(backend.options):
+    with _compat.capture_scalar_outputs(), tracing.bounded_maxima(tracing.TracingPolicy(backend.options)):
         compiled(scratch, torch.tensor([9, 3]), r2t)
         assert backend.results[0].kept
         code = backend.graphs[0].code
@@ -173,3 +173,87 @@ def test_compile_gives_the_range_while_dynamo_traces():
     got = step(scratch, torch.tensor([9, 3]), r2t)
     assert _breaks(before) == [] and int(got[1]) == 9
     assert len(compile_pass.reports(step)) == 1
+
+
+# -- constructs that break the trace before any max: the report names the one change ---------------------------
+def test_a_disabled_kernel_wrapper_is_reported_with_the_change_that_keeps_one_graph():
+    @torch.compiler.disable
+    def kernel(x):
+        return x * 2
+
+    def step(x):
+        return kernel(x + 1) - 1
+
+    compiled = compile_pass.compile(step, max_context_len=16)
+    compiled(torch.ones(3))
+    notes = [n for r in compile_pass.reports(compiled) for n in r.notes]
+    assert any("torch.library.custom_op" in n and "test_tracing.py:" in n for n in notes), notes
+
+
+try:  # SGLang's KVIndexTable and RaggedTargetVerifyGeometry are msgspec.Structs
+    import msgspec
+
+    class StructTable(msgspec.Struct):
+        ids: torch.Tensor
+        stride: int
+except ImportError:  # pragma: no cover - msgspec comes with the test extras' SGLang set
+    StructTable = None
+
+
+@pytest.mark.skipif(StructTable is None, reason="msgspec is not installed")
+def test_a_msgspec_struct_is_reported_with_the_change_that_makes_it_traceable():
+    Table = StructTable
+
+    def step(x):
+        t = Table(x + 1, 4)
+        return t.ids * t.stride
+
+    compiled = compile_pass.compile(step, max_context_len=16)
+    torch.testing.assert_close(compiled(torch.ones(3)), step(torch.ones(3)))
+    notes = [n for r in compile_pass.reports(compiled) for n in r.notes]
+    assert any("dataclass or NamedTuple" in n for n in notes), notes
+
+
+# -- a branch that differs inside the range: traced at the bound, asserted on the device, or traced again ------
+def _branch_step(fb):
+    m = fb.seq_lens.max().item()
+    n = m + 4 if m < 8 else m  # False at the bound (64): the branch differs inside [0, 64]
+    table = fb.req_to_token[fb.req_pool_indices, :n]
+    return torch.ops.syncfree_test.bounded_sum(table, fb.seq_lens, 1, n)
+
+
+def test_a_branch_that_differs_is_traced_at_the_bound_and_asserted_on_the_device():
+    import consumers_for_tests  # noqa: F401  (syncfree_test::bounded_sum, a self-guarding consumer)
+    from passlib import make_fb
+
+    before = len(_compat.graph_break_reasons())
+    step = compile_pass.compile(_branch_step, max_context_len=64, dynamic=False)
+    for lengths in ([3, 9, 60], [8, 1, 2]):
+        fb = make_fb(lengths)
+        torch.testing.assert_close(step(fb), _branch_step(fb))
+    assert _breaks(before) == []
+    reports = compile_pass.reports(step)
+    assert reports and all(r.rewritten and not r.kept for r in reports), [str(r) for r in reports]
+    with pytest.raises(RuntimeError, match="traced with the outcome it has at the bound"):
+        step(make_fb([3, 5, 7]))  # max 7 < 8: eager takes the other branch; the step raises instead of guessing
+
+
+def test_a_kept_max_is_traced_again_without_the_branch_at_the_bound():
+    import consumers_for_tests  # noqa: F401
+    from passlib import make_fb
+
+    def step(fb):
+        return _branch_step(fb), fb.seq_lens.max().item() + 0  # the max also escapes: kept
+
+    def escaping(fb):
+        m = fb.seq_lens.max().item()
+        n = m + 4 if m < 8 else m
+        return fb.req_to_token[fb.req_pool_indices, :n].sum(), m  # no consumer: the pass keeps the max
+
+    before = len(_compat.graph_break_reasons())
+    compiled = compile_pass.compile(escaping, max_context_len=64)
+    for lengths in ([3, 9, 60], [3, 5, 7]):
+        fb = make_fb(lengths)
+        got, want = compiled(fb), escaping(fb)
+        assert int(got[0]) == int(want[0]) and int(got[1]) == want[1]
+    assert any("data-dependent" in r for r in _breaks(before))  # traced again: the branch breaks, as eager

@@ -537,9 +537,11 @@ def compile_step(path: Path, fn):
     backend = PassOnly(MAX_CONTEXT, **path.options)
     compiled = torch.compile(fn, backend=backend, dynamic=path.dynamic)
 
+    policy = tracing.TracingPolicy.from_options(backend.options, fn)
+
     def run(*args):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(backend.options):
-            return compiled(*args)
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
+            return tracing.call_retracing(compiled, policy, *args)
 
     return run, lambda: list(backend.reports)
 
