@@ -385,3 +385,16 @@ def on_data_dependent_guard(hook) -> None:
 
     evaluate_expr._syncfree_guard_hook = True  # type: ignore[attr-defined]
     SymNodeVariable.evaluate_expr = evaluate_expr
+
+
+def shape_env_of(value):
+    """The ShapeEnv behind a SymInt / SymBool (None for a plain value)."""
+    return getattr(getattr(value, "node", None), "shape_env", None)
+
+
+def assert_at_runtime(shape_env, guard, message: str) -> str:
+    """Record `guard` (a sympy condition) as a runtime assertion of this trace (Dynamo puts it in the graph as
+    `_assert_scalar`); returns the condition as that assertion's message spells it."""
+    record = getattr(shape_env, "guard_or_defer_runtime_assert", None) or shape_env.defer_runtime_assert
+    record(guard, message)
+    return str(shape_env.simplify(guard))

@@ -120,7 +120,7 @@ def _on_item(item: torch.fx.Node, value, root_code) -> None:
     if policy.checked and root_code is not None and root_code is policy.root_code \
             and node_location(item) not in policy.not_at_bound:
         item.meta[AT_BOUND] = []
-        _AT_BOUND[(id(value.node.shape_env), _compat.symbol_of(value))] = (bound, item)
+        _AT_BOUND[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (bound, item)
 
 
 def _on_guard(shape_env, expr):
@@ -137,9 +137,9 @@ def _on_guard(shape_env, expr):
     if value not in (sympy.true, sympy.false):
         return None
     guard = expr if value is sympy.true else sympy.Not(expr)
-    shape_env.guard_or_defer_runtime_assert(guard, f"syncfree: traced at the bound: {guard}")
+    text = _compat.assert_at_runtime(shape_env, guard, f"syncfree: traced at the bound: {guard}")
     for _, item in entries:
-        item.meta[AT_BOUND].append((str(shape_env.simplify(guard)), guard))
+        item.meta[AT_BOUND].append((text, guard))
     return value
 
 
