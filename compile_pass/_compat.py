@@ -398,3 +398,13 @@ def assert_at_runtime(shape_env, guard, message: str) -> str:
     record = getattr(shape_env, "guard_or_defer_runtime_assert", None) or shape_env.defer_runtime_assert
     record(guard, message)
     return str(shape_env.simplify(guard))
+
+
+def discard_graph_breaks(since: int) -> None:
+    """Forget the graph breaks Dynamo recorded after the first `since`: those of a trace whose graph the backend
+    refused (tracing.Retrace), which never runs."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons as reasons
+    except ImportError:
+        return
+    del reasons[since:]

@@ -23,21 +23,34 @@ What gets a range, and why it is sound:
       - a max the pass rewrote is gone from the graph, and the rewrite's own device assertion (`checked=True`:
         every length in [0, bound]) covers the range; with `checked=False` the range is the user's promise, as
         the rewrite itself is;
-      - a max the pass kept gets the two asserts back, right after its `.item()` (`recheck_kept`): a host check
-        of a value already on the host, so the kept graph never runs on an assumption it did not check.
+      - a max the pass kept that Dynamo passed into a compiled region (with the range it hands the region the
+        max itself, not a fresh width symbol the rules read), in the compiled function's own frame on the first
+        attempt, has the frame traced again without the range (`Retrace`), as Dynamo traces it by itself; kept
+        there too, it is traced a third time with the range only, for good;
+      - any other kept max gets the two asserts back, right after its
+        `.item()` (`recheck_kept`): a host check of a value already on the host, so the kept graph never runs on
+        an assumption it did not check.
 A branch of the user's code whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at
 m = 0 only) is traced with the outcome it has at the bound, the width a rewrite gives, where all of this holds:
 `checked=True`, the frame Dynamo traces is the compiled function's own (nothing of the call has run yet), and
-every symbol of the condition is such a ranged max. Dynamo records the outcome as a runtime assertion; the
+the condition's one symbol is such a ranged max. Dynamo records the outcome as a runtime assertion; the
 backend takes it out before the pass and then:
   - the pass rewrote the max (its proof: the result does not depend on the max within the bound, for the code
     traced): the outcome is asserted on the device, on the max of the lengths (`_assert_async`, no host read),
     so a step whose max would take the other branch raises instead of running code that was not traced for it;
-  - the pass kept the max: the backend raises `Retrace`, and `compile_pass.compile` traces the frame again with
-    that line off (nothing ran, so nothing runs twice): Dynamo breaks at the branch as it does without the
-    backend, and the kept max runs exactly as eager.
+  - the pass kept the max: the frame is traced again as above (nothing ran, so nothing runs twice), never at
+    the bound again: Dynamo breaks at the branch as it does without the backend, and the kept max runs exactly
+    as eager.
 Only the user's branches (Dynamo's `SymNodeVariable.evaluate_expr`) are decided this way, never a guard torch
 evaluates internally (those fall back to a general path by themselves).
+
+Two side effects of the range, undone before the pass (`run_sync_pass`): Dynamo spells a table's width as an
+expression of the max (`u0`, `sym_min(256, u0 + 2)`) where it allocated a fresh symbol before
+(`respell_widths` reads it back as `sym_size`, the same value), and a max that only the range asserts used stays
+in the graph (`strip_range_asserts` drops it, as Dynamo drops an unused one).
+
+Only `compile_pass.compile` (and the callers that enter `bounded_maxima`) give the range:
+`torch.compile(fn, backend="syncfree")` hands the backend a graph Dynamo has already traced.
 """
 
 from __future__ import annotations
@@ -60,9 +73,10 @@ META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bo
 class TracingPolicy:
     """The bounds the backend may give while Dynamo traces one compiled function, from the backend's options.
 
-    `root_code`: the code object of the compiled function. A branch that differs inside the range is traced at
-    the bound only while Dynamo compiles that frame (nothing of the call has run yet, so a retrace is possible),
-    only under `checked=True`, and never again at an `.item()` whose line is in `not_at_bound`."""
+    `root_code`: the code object of the compiled function. While Dynamo compiles that frame nothing of the call
+    has run yet, so the backend may have it traced again (Retrace). `modes` is where each `.item()` line is on
+    the way there: absent (the range, and a differing branch traced at the bound under `checked=True`),
+    "unranged" (the frame as Dynamo traces it without the backend), "final" (the range only, for good)."""
 
     def __init__(self, opts, root_code=None):
         self.max_context_len = opts.max_context_len
@@ -71,7 +85,7 @@ class TracingPolicy:
         self.mirrors = dict(opts.cpu_mirrors)
         self.checked = opts.checked
         self.root_code = root_code
-        self.not_at_bound: set[str] = set()
+        self.modes: dict[str, str] = {}
 
     @classmethod
     def from_options(cls, opts, fn=None) -> "TracingPolicy":
@@ -89,6 +103,8 @@ class TracingPolicy:
 _ACTIVE: list[TracingPolicy] = []
 _AT_BOUND: dict = {}  # (id(shape_env), symbol) -> (bound, item node): guards on it are traced at the bound
 AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
+FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
+UNRANGED = "syncfree_unranged"  # on an `.item()` traced without the range, to compare: its line
 
 
 def lengths_bound(item: torch.fx.Node, policy: TracingPolicy) -> tuple[int, str] | None:
@@ -113,14 +129,22 @@ def _on_item(item: torch.fx.Node, value, root_code) -> None:
     found = lengths_bound(item, policy)
     if found is None:
         return
+    root = root_code is not None and root_code is policy.root_code
+    line = node_location(item)
+    mode = policy.modes.get(line)
+    if mode == "unranged":
+        if root:
+            item.meta[UNRANGED] = line
+        return
     bound, text = found
     torch._check(value >= 0)
     torch._check(value <= bound)
     item.meta[META] = (bound, text)
-    if policy.checked and root_code is not None and root_code is policy.root_code \
-            and node_location(item) not in policy.not_at_bound:
-        item.meta[AT_BOUND] = []
-        _AT_BOUND[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (bound, item)
+    if root and mode is None:
+        item.meta[FIRST] = line
+        if policy.checked:
+            item.meta[AT_BOUND] = []
+            _AT_BOUND[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (bound, item)
 
 
 def _on_guard(shape_env, expr):
@@ -131,7 +155,7 @@ def _on_guard(shape_env, expr):
 
     symbols = list(getattr(expr, "free_symbols", None) or ())
     entries = [_AT_BOUND.get((id(shape_env), s)) for s in symbols]
-    if not entries or any(e is None for e in entries):
+    if len(entries) != 1 or entries[0] is None:  # one ranged max: its device assertion computes that max
         return None
     value = expr.xreplace({s: sympy.Integer(e[0]) for s, e in zip(symbols, entries)})
     if value not in (sympy.true, sympy.false):
@@ -159,25 +183,31 @@ def bounded_maxima(policy: TracingPolicy):
 
 
 class Retrace(Exception):
-    """Raised by the backend for a kept max whose frame was traced at the bound: trace it again without."""
+    """Raised by the backend where the pass kept a max of the compiled function's own frame that a retrace may
+    still get rewritten: `modes` maps its line to the next way to trace it (TracingPolicy.modes)."""
 
-    def __init__(self, locations):
-        super().__init__(f"syncfree: the max at {', '.join(sorted(locations))} is kept; tracing the frame again "
-                         "without assuming a branch's outcome at the bound")
-        self.locations = set(locations)
+    def __init__(self, modes: dict):
+        super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
+                                                             sorted(modes.items())) + " is kept; tracing again")
+        self.modes = dict(modes)
 
 
 def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
-    """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace: nothing of the call has run, since
-    only the compiled function's own frame is traced at the bound), the call again with those lines off."""
+    """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace, raised while Dynamo compiles the
+    compiled function's own frame: nothing of the call has run), the call again with those lines' next mode.
+    A line goes from the range (with a differing branch at the bound) to the range only, or to no range (a max
+    passed into a compiled region: what Dynamo traces by itself, which the pass may rewrite) and then, if kept
+    there too, to the range only, for good."""
     while True:
+        seen = len(_compat.graph_break_reasons())
         try:
             return compiled(*args, **kwargs)
         except Exception as e:
             inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
-            if not isinstance(inner, Retrace) or inner.locations <= policy.not_at_bound:
+            if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
                 raise
-            policy.not_at_bound |= inner.locations
+            policy.modes.update(inner.modes)
+            _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
 
 
 # -- the backend's side: before and after the pass ------------------------------------------------------------
@@ -274,13 +304,22 @@ def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
 
 
 def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
-    """After the pass: a kept max traced at the bound asks for the frame to be traced again without (Retrace);
-    a rewritten one gets each branch outcome it was traced with asserted on the device, on the max of its
+    """After the pass: a max of the compiled function's frame that the pass kept asks for the frame to be traced
+    again (Retrace) where that may change the outcome: without the range where the max is passed into a
+    compiled region, with the range only where a branch was traced at the bound; a rewritten one
+    traced at the bound gets each branch outcome it was traced with asserted on the device, on the max of its
     lengths (the device twin of a CPU mirror). Returns how many device assertions were inserted."""
-    present = set(graph.nodes)
-    kept = {node_location(item) for item, _, _ in assumed if item in present}
-    if kept:
-        raise Retrace(kept)
+    retrace = {}
+    for item in ranged_items(graph):  # kept: still in the graph
+        if FIRST not in item.meta:
+            continue
+        if _passed_into_a_region(item):
+            retrace[item.meta[FIRST]] = "unranged"
+        elif item.meta.get(AT_BOUND):
+            retrace[item.meta[FIRST]] = "final"
+    retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
+    if retrace:
+        raise Retrace(retrace)
     count = 0
     anchor = next(n for n in graph.nodes if n.op != "placeholder")
     for item, lengths, guards in assumed:
@@ -294,6 +333,14 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
                         lengths)
             count += 1
     return count
+
+
+def _passed_into_a_region(item: torch.fx.Node) -> bool:
+    """With the range, Dynamo hands a compiled region (`invoke_subgraph`) the max itself where the width of a table
+    is an expression of it; without it, a fresh width symbol the rules read. Such a max is traced again without
+    the range."""
+    region = _compat.invoke_subgraph_op()
+    return region is not None and any(u.op == "call_function" and u.target is region for u in item.users)
 
 
 _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
