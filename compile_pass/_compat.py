@@ -445,3 +445,102 @@ class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid
         compiled, original, pairs, boxed = pickle.loads(data)
         return cls(Bundled.deserialize_compile_artifacts(compiled), Graph.deserialize_compile_artifacts(original),
                    pairs, boxed)
+
+
+# -- Dynamo tracing (issue 30) --------------------------------------------------------------------------------
+# What the backend gives Dynamo while it traces: a callback at each captured `.item()`, where a max of declared
+# lengths receives its value range (compile_pass.tracing). Tested in tests/test_tracing.py.
+_ITEM_HOOKS: list = []
+
+
+def on_captured_item(hook) -> None:
+    """Call `hook(item_node, value, root_code)` whenever Dynamo captures a `Tensor.item()` (also `int(t)`,
+    `t.__index__()`) into the graph: `item_node` is the FX node just created, `value` its fake SymInt / SymFloat,
+    `root_code` the code object of the frame Dynamo is compiling (the outermost one, inlined calls included).
+    Installed once (a wrapper around Dynamo's TensorVariable.call_method); the hook runs inside Dynamo's trace."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    if hook not in _ITEM_HOOKS:
+        _ITEM_HOOKS.append(hook)
+    if getattr(TensorVariable.call_method, "_syncfree_item_hook", False):
+        return
+    original = TensorVariable.call_method
+
+    def call_method(self, tx, name, *rest, **kw):
+        result = original(self, tx, name, *rest, **kw)
+        if name == "item" and _ITEM_HOOKS:
+            proxy = getattr(result, "proxy", None)
+            node = getattr(proxy, "node", None)
+            if isinstance(node, torch.fx.Node):
+                root = getattr(getattr(tx, "output", None), "root_tx", None)
+                for each in list(_ITEM_HOOKS):
+                    each(node, node.meta.get("example_value"), getattr(root, "f_code", None))
+        return result
+
+    call_method._syncfree_item_hook = True  # type: ignore[attr-defined]
+    TensorVariable.call_method = call_method
+
+
+def symbol_of(value):
+    """The sympy symbol behind an unbacked SymInt (u0), or None."""
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", None)
+    return expr if getattr(expr, "is_Symbol", False) else None
+
+
+_GUARD_HOOKS: list = []
+
+
+def on_data_dependent_guard(hook) -> None:
+    """Call `hook(shape_env, expr)` where the user's code branches on a condition over unbacked symbols that
+    Dynamo cannot decide (`if blocks % lcm != 0:`, where it would break the graph). Only the user's own branches
+    (Dynamo's SymNodeVariable.evaluate_expr: `if`, `bool()`), not the guards torch evaluates internally (those
+    catch the error and take a general path). The hook returns None (the break stands) or the value to trace
+    with, after recording a runtime assertion of it (`shape_env.guard_or_defer_runtime_assert`). Installed once."""
+    from torch._dynamo.variables.tensor import SymNodeVariable
+
+    if hook not in _GUARD_HOOKS:
+        _GUARD_HOOKS.append(hook)
+    if getattr(SymNodeVariable.evaluate_expr, "_syncfree_guard_hook", False):
+        return
+    original = SymNodeVariable.evaluate_expr
+
+    def evaluate_expr(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except Exception:
+            node = getattr(getattr(self, "sym_num", None), "node", None)
+            shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+            if shape_env is None or expr is None or not free_unbacked_symbols(self.sym_num):
+                raise
+            for each in list(_GUARD_HOOKS):
+                value = each(shape_env, expr)
+                if value is not None:
+                    return bool(value)
+            raise
+
+    evaluate_expr._syncfree_guard_hook = True  # type: ignore[attr-defined]
+    SymNodeVariable.evaluate_expr = evaluate_expr
+
+
+def shape_env_of(value):
+    """The ShapeEnv behind a SymInt / SymBool (None for a plain value)."""
+    return getattr(getattr(value, "node", None), "shape_env", None)
+
+
+def assert_at_runtime(shape_env, guard, message: str) -> str:
+    """Record `guard` (a sympy condition) as a runtime assertion of this trace (Dynamo puts it in the graph as
+    `_assert_scalar`); returns the condition as that assertion's message spells it."""
+    record = getattr(shape_env, "guard_or_defer_runtime_assert", None) or shape_env.defer_runtime_assert
+    record(guard, message)
+    return str(shape_env.simplify(guard))
+
+
+def discard_graph_breaks(since: int) -> None:
+    """Forget the graph breaks Dynamo recorded after the first `since`: those of a trace whose graph the backend
+    refused (tracing.Retrace), which never runs."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons as reasons
+    except ImportError:
+        return
+    del reasons[since:]

@@ -15,7 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import _compat, log
+from . import _compat, log, tracing
+from .find_sync_points import find_cpu_mirrors
 from .normalize import is_full_max
 from .options import OptionError, SyncfreeOptions
 from .sync_pass import PassResult, SyncPass
@@ -93,6 +94,20 @@ def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pa
     return guarded
 
 
+def run_sync_pass(gm: torch.fx.GraphModule, opts: SyncfreeOptions) -> PassResult:
+    """SyncPass on a Dynamo graph, with the ranges the backend gave while Dynamo traced (compile_pass.tracing)
+    taken out before (and the widths they respelled read back as the rules know them) and checked again, on the
+    host, for every max the pass keeps."""
+    assumed = tracing.traced_at_bound(gm.graph)
+    if tracing.strip_range_asserts(gm.graph) + tracing.respell_widths(gm.graph):
+        gm.recompile()
+    result = SyncPass(opts)(gm)
+    mirrors = find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors))
+    if tracing.settle_at_bound(gm.graph, assumed, mirrors) + tracing.recheck_kept(gm.graph):
+        gm.recompile()
+    return result
+
+
 def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                      mode: str | None = None, **unexpected):
     """torch.compile(fn, backend="syncfree", options={"max_context_len": 4096, ...})."""
@@ -102,8 +117,10 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     start = time.perf_counter()
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(SyncPass(opts)(rewritten), opts)
+        report = report_of(run_sync_pass(rewritten, opts), opts)
         log.graph_rewritten(gm, rewritten)
+    except tracing.Retrace:
+        raise  # compile_pass.compile traces the frame again, without assuming a branch at the bound
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
             raise
@@ -151,15 +168,17 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
     return report
 
 
-_BREAKS_SEEN = [0]
+_BREAKS_SEEN: list = [0, None]  # how many, and the last one
 
 
 def _new_graph_breaks() -> list[SyncItem]:
     """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync."""
     reasons = _compat.graph_break_reasons()
-    if len(reasons) < _BREAKS_SEEN[0]:  # torch._dynamo.reset() cleared them
-        _BREAKS_SEEN[0] = 0
-    new, _BREAKS_SEEN[0] = reasons[_BREAKS_SEEN[0]:], len(reasons)
+    seen, last = _BREAKS_SEEN
+    if len(reasons) < seen or (seen and reasons[seen - 1] != last):  # torch._dynamo.reset() cleared them
+        seen = 0
+    new = reasons[seen:]
+    _BREAKS_SEEN[:] = [len(reasons), reasons[-1] if reasons else None]
     items = []
     for reason, location in new:
         host = any(word in reason for word in ("generic_jump", "item()", ".item", "tolist", "numpy",
@@ -169,6 +188,9 @@ def _new_graph_breaks() -> list[SyncItem]:
                "the host" if host else f"graph break here ({first}); no host read is known to be involved")
         if "capture_scalar_outputs" in reason:
             why = "kept: graph break at .item(): " + CAPTURE_FIX
+        fix = tracing.fix_for(reason)
+        if fix is not None:
+            why += "; " + fix
         items.append(SyncItem("graph_break", location, why, host, "", "graph_break" if host else ""))
     return items
 
@@ -332,15 +354,16 @@ def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int 
                "strict": strict, **kw}
     if cudagraphs is not None:
         options["cudagraphs"] = cudagraphs
-    SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
+    opts = SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
+    policy = tracing.TracingPolicy.from_options(opts, fn)
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _compat.capture_scalar_outputs(), collecting_reports(graph_reports):
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy), collecting_reports(graph_reports):
             try:
-                return compiled(*args, **kwargs)
+                return tracing.call_retracing(compiled, policy, *args, **kwargs)
             except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
                 inner = getattr(e, "inner_exception", None)
                 if isinstance(inner, SyncRemainsError):

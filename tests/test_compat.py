@@ -210,3 +210,72 @@ def test_known_equal_decides_ints_and_symbolic_sizes_without_guards():
     f = torch.compile(lambda x: x * 2, backend=backend, dynamic=True)
     f(torch.ones(5))
     assert seen == {"same": True, "other": False}
+
+
+# -- Dynamo tracing (issue 30) --------------------------------------------------------------------------------
+def test_on_captured_item_sees_each_item_with_its_fake_value():
+    seen = []
+
+    def hook(node, value, root_code):
+        seen.append((node.op, node.target, _compat.symbol_of(value) is not None, root_code is not None))
+
+    _compat.on_captured_item(hook)
+    _compat.on_captured_item(hook)  # once only
+    try:
+        torch._dynamo.reset()
+        with _compat.capture_scalar_outputs():
+            torch.compile(lambda x: torch.zeros(int(x.max())) + x.max().item(), backend="eager")(
+                torch.tensor([2, 3]))
+    finally:
+        _compat._ITEM_HOOKS.remove(hook)
+        torch._dynamo.reset()
+    assert seen and all(s == ("call_method", "item", True, True) for s in seen)
+    assert _compat.symbol_of(3) is None
+
+
+def test_assert_at_runtime_puts_the_condition_in_the_graph():
+    graphs, texts = [], []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    def hook(node, value, root_code):
+        env = _compat.shape_env_of(value)
+        assert env is not None and _compat.shape_env_of(3) is None
+        texts.append(_compat.assert_at_runtime(env, _compat.symbol_of(value) >= 2, "test"))
+
+    _compat.on_captured_item(hook)
+    try:
+        torch._dynamo.reset()
+        with _compat.capture_scalar_outputs():
+            torch.compile(lambda x: x + x.max().item(), backend=backend, fullgraph=True)(torch.tensor([2, 3]))
+    finally:
+        _compat._ITEM_HOOKS.remove(hook)
+        torch._dynamo.reset()
+    assert texts == ["u0 >= 2"] and "_assert_scalar" in graphs[0] and "u0 >= 2" in graphs[0]
+
+
+def test_on_data_dependent_guard_decides_only_user_branches():
+    import sympy
+
+    asked = []
+
+    def hook(shape_env, expr):
+        asked.append(str(expr))
+        _compat.assert_at_runtime(shape_env, expr, "test")
+        return sympy.true
+
+    def step(x):
+        m = x.max().item()
+        return x + 1 if m > 2 else x - 1  # undecidable: a user branch
+
+    _compat.on_data_dependent_guard(hook)
+    try:
+        torch._dynamo.reset()
+        with _compat.capture_scalar_outputs():
+            out = torch.compile(step, backend="eager", fullgraph=True)(torch.tensor([2, 3]))
+    finally:
+        _compat._GUARD_HOOKS.remove(hook)
+        torch._dynamo.reset()
+    assert asked == ["u0 > 2"] and out.tolist() == [3, 4]

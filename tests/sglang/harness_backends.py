@@ -517,11 +517,10 @@ class PassOnly:
 
     def __call__(self, gm, example_inputs):
         from compile_pass import _compat
-        from compile_pass.backend import guard_disjoint_inputs, report_of
-        from compile_pass.sync_pass import SyncPass
+        from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
 
         original = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(SyncPass(self.options)(gm), self.options)
+        report = report_of(run_sync_pass(gm, self.options), self.options)
         self.reports.append(report)
         return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
 
@@ -533,14 +532,16 @@ def compile_step(path: Path, fn):
     if path.inductor:
         step = compile_pass.compile(fn, max_context_len=MAX_CONTEXT, dynamic=path.dynamic, **path.options)
         return step, lambda: list(compile_pass.reports(step))
-    from compile_pass import _compat
+    from compile_pass import _compat, tracing
 
     backend = PassOnly(MAX_CONTEXT, **path.options)
     compiled = torch.compile(fn, backend=backend, dynamic=path.dynamic)
 
+    policy = tracing.TracingPolicy.from_options(backend.options, fn)
+
     def run(*args):
-        with _compat.capture_scalar_outputs():
-            return compiled(*args)
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
+            return tracing.call_retracing(compiled, policy, *args)
 
     return run, lambda: list(backend.reports)
 

@@ -105,3 +105,11 @@ def test_ragged_verify_without_a_bound_for_verify_lens_keeps_the_max(sglang_fa3)
     result = H.run_path(path, vectors=2)
     assert result.status == "kept", result.reasons
     assert any(i.reason_code == "unbounded_operand" for r in result.reports for i in r.kept)
+
+
+def test_ragged_verify_report_names_the_change_that_makes_the_geometry_traceable(sglang_fa3):
+    """Issue 30: Dynamo cannot build RaggedTargetVerifyGeometry (a msgspec.Struct); the report's note at the line
+    where it breaks says the one change: the same fields as a dataclass or NamedTuple (what the shim does)."""
+    result = outcome("ragged_verify")
+    notes = [n for r in result.reports for n in r.notes]
+    assert any("user-defined class construction" in n and "dataclass or NamedTuple" in n for n in notes), notes

@@ -14,12 +14,14 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | path | status | reason | what it costs a user | what they can do |
 |---|---|---|---|---|
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
-| flashmla_decode_mirror (verify, draft extend: the same line) | graph_break | `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151, the persistent block table grown to the running max) | a host read of the mirror, a graph break per step and the metadata builder outside the graph | do not publish seq_lens_cpu for FlashMLA (its default); or a branch-free builder (the static width) |
+| flashmla_{decode,draft_extend}_mirror | kept (`not_a_consumer`) | traced as one graph: the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value; the page count then slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), which the page-table rule reads as a page-level table reaching the writer, and the allocated-table rule has no grow-on-demand form yet | a host read of the mirror (no device sync), one graph per batch size | do not publish seq_lens_cpu for FlashMLA (its default) |
+| flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound, kept (the grown scratch is stored on the backend), traced again without | a host read, a break per step | do not publish the mirror |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_{verify,draft_extend}, static or not | kept (`lengths_differ`) | the max is over `seq_lens_cpu[:bs] + 4` (:343) and the kernel's lengths are `seq_lens.to(int32)`: not related by the rule | a host read of the mirror per replay | (a rule gap) |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
-| trtllm_mla_decode_mirror (verify, draft extend: the same line) | graph_break | `if blocks % constraint_lcm != 0` (trtllm_mla_backend.py:355, padding the page count to lcm(128 / page, 4096 / page)) | a host read, a graph break per step | do not publish seq_lens_cpu (its default) |
+| trtllm_mla_{decode,draft_extend}_mirror | graph_break | `if blocks % constraint_lcm != 0` (trtllm_mla_backend.py:355, False only at m = 0): traced at the bound's outcome, the pass keeps the max (a round-up page count the allocated-table rule does not take), so the frame is traced again without the assumption and Dynamo breaks there | a host read, a graph break per step | do not publish seq_lens_cpu (its default) |
+| trtllm_mla_verify_mirror | kept (`page_count`) | `cdiv(m + 4, 64) >= 1`: the branch holds for every value in the range, one graph; the padded page count reaches arithmetic the rule does not take | a host read of the mirror | (the allocated-table rule, issue 30 item 2) |
 
 No path here reaches the allocated_table rule: where a max sizes the table (mirror published), SGLang branches on
 it first (the two lines above), stores the table on the backend (flashmla_backend.py:155 and the metadata;
@@ -53,12 +55,12 @@ def _mla(backend, mode, mirror=False, replay=False, inductor=False, dynamic=None
 MODES = ("decode", "target_verify", "draft_extend")
 PATHS = {p.name: p for p in [
     *[_mla("flashmla", m) for m in MODES],
-    _mla("flashmla", "decode", mirror=True),  # verify / draft extend reach the same line (flashmla_backend.py:151)
+    *[_mla("flashmla", m, mirror=True) for m in MODES],  # the three reach the same line (flashmla_backend.py:151)
     *[_mla("flashmla", m, replay=True) for m in MODES],
     # one static graph per batch size, as SGLang's CUDA-graph runner replays one captured graph per batch size
     *[_mla("flashmla", m, replay=True, inductor=m == "decode", dynamic=False) for m in MODES],
     *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
-    _mla("trtllm_mla", "decode", mirror=True),  # verify / draft extend: the same line (trtllm_mla_backend.py:355)
+    *[_mla("trtllm_mla", m, mirror=True) for m in MODES],  # the same line (trtllm_mla_backend.py:355)
 ]}
 
 FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
@@ -69,7 +71,16 @@ EXPECTED = {
     "flashmla_decode": ("nothing", None),
     "flashmla_verify": ("nothing", None),
     "flashmla_draft_extend": ("nothing", None),
-    "flashmla_decode_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    # the backend gives the mirror's max its range [0, max_context_len] while Dynamo traces: the grow-on-demand
+    # branch (flashmla_backend.py:151) is False for every such value and no longer breaks; the pass then keeps the
+    # max, since the page count slices a persistent scratch table filled by the writer (not a consumer): the
+    # allocated-table rule's grow-on-demand form (issue 30, item 2) is not there yet
+    "flashmla_decode_mirror": ("kept", "not_a_consumer"),
+    # verify sizes by cdiv(m + 4, 64): up to 5 pages within the bound, and the scratch the eager warm-up grew is 4
+    # wide, so the grow branch differs inside the range: traced at the bound (grown), kept (the grown scratch is
+    # stored on the backend), traced again without: the break
+    "flashmla_verify_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    "flashmla_draft_extend_mirror": ("kept", "not_a_consumer"),
     # automatic dynamic: the first batch size's static graph is rewritten, the dynamic graph after it is kept (the
     # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
     "flashmla_replay_decode": ("kept", "lengths_differ"),
@@ -83,7 +94,12 @@ EXPECTED = {
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
     "trtllm_mla_draft_extend": ("nothing", None),
+    # traced at the bound's outcome of `blocks % lcm != 0`, kept by the pass (a round-up page count the
+    # allocated-table rule does not take), traced again without the assumption: the break, as before
     "trtllm_mla_decode_mirror": ("graph_break", (TRTLLM_BRANCH,)),
+    # verify pads cdiv(m + 4, 64) >= 1 block: `blocks % lcm != 0` holds for every value, one graph; kept (page_count)
+    "trtllm_mla_verify_mirror": ("kept", "page_count"),
+    "trtllm_mla_draft_extend_mirror": ("graph_break", (TRTLLM_BRANCH,)),
 }
 NEEDS_RULE: dict = {}
 
@@ -207,3 +223,33 @@ def test_block_table_writer_stand_in(mla_backends):
     with pytest.raises(IndexError, match="row stride is 3"):  # 256 tokens need 4 columns
         ops.create_flashmla_kv_indices_triton[(2, 1)](r2t, torch.tensor([2, 0]), torch.tensor([256, 64]), None,
                                                        narrow, r2t.stride(0), narrow.stride(0))
+
+
+def test_the_grow_on_demand_branch_no_longer_breaks_the_graph(mla_backends):
+    """Issue 30: with the range given while Dynamo traces, FlashMLA's eager metadata with the mirror published is one
+    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass (decode, and draft
+    extend, whose warm-up grew the scratch to the bound's width)."""
+    for mode in ("decode", "draft_extend"):
+        result = outcome(f"flashmla_{mode}_mirror")
+        assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
+        kept = [i for r in result.reports for i in r.kept]
+        assert kept and all(i.location == "flashmla_backend.py:164" and not i.host_sync for i in kept), \
+            B.shown(result)
+
+
+def test_a_kept_mirror_max_past_the_bound_raises(mla_backends):
+    """The range the max was traced with is checked again on the host where the pass keeps the max: a length past
+    max_context_len raises instead of running a graph traced for lengths within it."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["flashmla_decode_mirror"])
+    engine = B.Engine(path)
+    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
+    step, _ = B.compile_step(path, engine.step)
+    fb, hidden = engine.make_batch([100, 7], seed=0)
+    step(fb, hidden)
+    fb, hidden = engine.make_batch([100, 7], seed=1)
+    fb.seq_lens_cpu = fb.seq_lens_cpu + B.MAX_CONTEXT  # the mirror past the bound (only the host read sees it)
+    with pytest.raises(RuntimeError, match="exceeds max_context_len=256"):
+        step(fb, hidden)

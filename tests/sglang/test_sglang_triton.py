@@ -249,3 +249,15 @@ def test_kv_indices_stand_in_writes_only_each_rows_indptr_range(triton_backend):
     assert out.tolist() == [64, 65, 66, 0, 1, -7, -7, -7]
     with pytest.raises(IndexError, match="past its end"):
         ops.create_flashinfer_kv_indices_triton[(2,)](r2t, rpi, lens, indptr, None, out[:4], r2t.stride(0))
+
+
+def test_the_unmodified_backend_report_names_the_change_at_each_break(triton_backend):
+    """Issue 30: through compile_pass.compile, the unmodified Triton draft extend's report notes say, at each line
+    Dynamo broke, the one change that keeps the step traceable: KVIndexTable as a dataclass / NamedTuple, the
+    torch.compiler.disable'd kernel as a torch.library.custom_op."""
+    path = dataclasses.replace(PATHS["triton_draft_extend_no_lists"], inductor=True)
+    torch._dynamo.reset()
+    result = B.run_path(path, vectors=1)
+    notes = [n for r in result.reports for n in r.notes]
+    assert any(n.startswith("kv_index_translator.py:529") and "dataclass or NamedTuple" in n for n in notes), notes
+    assert any(n.startswith("triton_backend.py:1921") and "torch.library.custom_op" in n for n in notes), notes

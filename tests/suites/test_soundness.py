@@ -197,6 +197,14 @@ def test_checked_bound_is_the_replaced_bound_not_the_table_capacity():
 
 
 # -- the representative few, through the full backend and Inductor ----------------------------------------
+# compile_pass.compile gives the max its range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so
+# Dynamo spells the width `min(m, 96)` of a table within the bound as `m` itself: the user's check on the width,
+# `torch._check(t.shape[1] <= 40)`, is then a check on the max, which the rule keeps as a device assertion that
+# raises exactly when eager does (the outcomes above are compared, exceptions included). Pass-only, without the
+# range, it stays a width check and the max is kept.
+REWRITTEN_WITH_THE_RANGE = {"user_check_on_the_width"}
+
+
 @pytest.mark.inductor
 @pytest.mark.parametrize("name", ["plain_gather", "speculative_lengths", "table_written_between_gather_and_consumer",
                                   "lengths_grow_after_the_max", "user_check_on_the_width",
@@ -210,9 +218,10 @@ def test_through_inductor(name):
         got = outcome(compiled, inputs.clone())
         assert_same(got, want, f"{name}{lengths}")
     report = compile_pass.last_report()
-    assert bool(report.rewritten) == (name in cases.REWRITTEN)
+    rewritten = name in cases.REWRITTEN or name in REWRITTEN_WITH_THE_RANGE
+    assert bool(report.rewritten) == rewritten
     assert report.post_grad is not None
-    assert (report.post_grad["local_scalar_dense"] == 0) == (name in cases.REWRITTEN)
+    assert (report.post_grad["local_scalar_dense"] == 0) == rewritten
 
 
 def test_empty_batch_raises_like_eager():

@@ -1,0 +1,411 @@
+"""What the backend gives Dynamo while it traces (issue 30): the value range of a max of declared lengths.
+
+The FX pass sees only what Dynamo traced. An engine that branches on a host max before it sizes a table
+(SGLang's FlashMLA grows a scratch table `if buf.shape[1] < cdiv(m, 64)`) breaks the graph there: with `m` an
+unbacked symbol of unknown range, Dynamo cannot decide the branch. The rules already assume that such a max lies
+in `[0, bound]` (bound = max_context_len, or options['length_bounds'][name]) when they rewrite it, and
+`checked=True` asserts it on the device. So while Dynamo traces, the `.item()` of a full max of a lengths graph
+input gets that range:
+
+    max_1 = l_fb_seq_lens_cpu.max();  item = max_1.item()        # Sym(u0)
+    torch._check(u0 >= 0); torch._check(u0 <= 256)                 # applied here, on the fake value: the
+                                                                   # ShapeEnv knows u0 in [0, 256]
+    if buf.shape[1] < (u0 + 63) // 64:   # buf 4 wide: False for every u0 in [0, 256], no guard, no break
+
+What gets a range, and why it is sound:
+  * only an `.item()` whose receiver is a full max (normalize.max_source) of a graph input whose name is a
+    lengths name: `seq_lens`, `seq_lens_cpu`, a name of `cpu_mirrors`, or a key of `length_bounds`; the bound is
+    `length_bounds[name]` when declared, else max_context_len. Nothing else (a max of an intermediate, of a sum,
+    of another input) gets one;
+  * `torch._check` on the fake value makes Dynamo record two deferred runtime asserts, which it puts in the graph
+    as `_assert_scalar(u0 >= 0)` / `_assert_scalar(u0 <= bound)`. The backend takes them out before the pass
+    (`strip_range_asserts`: they are the backend's bookkeeping, not the user's) and, after the pass:
+      - a max the pass rewrote is gone from the graph, and the rewrite's own device assertion (`checked=True`:
+        every length in [0, bound]) covers the range; with `checked=False` the range is the user's promise, as
+        the rewrite itself is;
+      - a max the pass kept that Dynamo passed into a compiled region (with the range it hands the region the
+        max itself, not a fresh width symbol the rules read), in the compiled function's own frame on the first
+        attempt, has the frame traced again without the range (`Retrace`), as Dynamo traces it by itself; kept
+        there too, it is traced a third time with the range only, for good;
+      - any other kept max gets the two asserts back, right after its
+        `.item()` (`recheck_kept`): a host check of a value already on the host, so the kept graph never runs on
+        an assumption it did not check.
+A branch of the user's code whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at
+m = 0 only) is traced with the outcome it has at the bound, the width a rewrite gives, where all of this holds:
+`checked=True`, the frame Dynamo traces is the compiled function's own (nothing of the call has run yet), and
+the condition's one symbol is such a ranged max. Dynamo records the outcome as a runtime assertion; the
+backend takes it out before the pass and then:
+  - the pass rewrote the max (its proof: the result does not depend on the max within the bound, for the code
+    traced): the outcome is asserted on the device, on the max of the lengths (`_assert_async`, no host read),
+    so a step whose max would take the other branch raises instead of running code that was not traced for it;
+  - the pass kept the max: the frame is traced again as above (nothing ran, so nothing runs twice), never at
+    the bound again: Dynamo breaks at the branch as it does without the backend, and the kept max runs exactly
+    as eager.
+Only the user's branches (Dynamo's `SymNodeVariable.evaluate_expr`) are decided this way, never a guard torch
+evaluates internally (those fall back to a general path by themselves).
+
+Two side effects of the range, undone before the pass (`run_sync_pass`): Dynamo spells a table's width as an
+expression of the max (`u0`, `sym_min(256, u0 + 2)`) where it allocated a fresh symbol before
+(`respell_widths` reads it back as `sym_size`, the same value), and a max that only the range asserts used stays
+in the graph (`strip_range_asserts` drops it, as Dynamo drops an unused one).
+
+Only `compile_pass.compile` (and the callers that enter `bounded_maxima`) give the range:
+`torch.compile(fn, backend="syncfree")` hands the backend a graph Dynamo has already traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+
+import torch
+import torch.fx
+
+from . import _compat
+from .find_sync_points import attribute_name
+from .fx_util import insert_call, node_location
+from .normalize import ASSERTS, asserted_bound, max_source
+
+LENGTHS_NAMES = frozenset({"seq_lens", "seq_lens_cpu"})
+META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
+
+
+class TracingPolicy:
+    """The bounds the backend may give while Dynamo traces one compiled function, from the backend's options.
+
+    `root_code`: the code object of the compiled function. While Dynamo compiles that frame nothing of the call
+    has run yet, so the backend may have it traced again (Retrace). `modes` is where each `.item()` line is on
+    the way there: absent (the range, and a differing branch traced at the bound under `checked=True`),
+    "unranged" (the frame as Dynamo traces it without the backend), "final" (the range only, for good)."""
+
+    def __init__(self, opts, root_code=None):
+        self.max_context_len = opts.max_context_len
+        self.length_bounds = dict(opts.rule_option("length_bounds") or ())
+        self.mirror_names = frozenset(n for pair in opts.cpu_mirrors for n in pair)
+        self.mirrors = dict(opts.cpu_mirrors)
+        self.checked = opts.checked
+        self.root_code = root_code
+        self.modes: dict[str, str] = {}
+
+    @classmethod
+    def from_options(cls, opts, fn=None) -> "TracingPolicy":
+        return cls(opts, getattr(getattr(fn, "__func__", fn), "__code__", None))
+
+    def bound_of(self, name: str | None) -> tuple[int, str] | None:
+        """(bound, how it was set) for a lengths input called `name`, or None when it is not one."""
+        if name in self.length_bounds:
+            return self.length_bounds[name], f"length_bounds['{name}']={self.length_bounds[name]}"
+        if self.max_context_len is not None and (name in LENGTHS_NAMES or name in self.mirror_names):
+            return self.max_context_len, f"max_context_len={self.max_context_len}"
+        return None
+
+
+_ACTIVE: list[TracingPolicy] = []
+_AT_BOUND: dict = {}  # (id(shape_env), symbol) -> (bound, item node): guards on it are traced at the bound
+AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
+FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
+UNRANGED = "syncfree_unranged"  # on an `.item()` traced without the range, to compare: its line
+
+
+def lengths_bound(item: torch.fx.Node, policy: TracingPolicy) -> tuple[int, str] | None:
+    """The bound of a captured `.item()` whose receiver is a full max of a lengths graph input, else None."""
+    source = lengths_of(item)
+    if source is None or str(getattr(_compat.example_value(source), "dtype", "")) not in ("torch.int32",
+                                                                                          "torch.int64"):
+        return None
+    return policy.bound_of(attribute_name(_compat.placeholder_source_name(source)))
+
+
+def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
+    """The graph input an `.item()` takes the full max of, or None."""
+    source = max_source(item.args[0]) if item.args else None
+    return source if isinstance(source, torch.fx.Node) and source.op == "placeholder" else None
+
+
+def _on_item(item: torch.fx.Node, value, root_code) -> None:
+    if not _ACTIVE or _compat.symbol_of(value) is None or not isinstance(value, torch.SymInt):
+        return
+    policy = _ACTIVE[-1]
+    found = lengths_bound(item, policy)
+    if found is None:
+        return
+    root = root_code is not None and root_code is policy.root_code
+    line = node_location(item)
+    mode = policy.modes.get(line)
+    if mode == "unranged":
+        if root:
+            item.meta[UNRANGED] = line
+        return
+    bound, text = found
+    torch._check(value >= 0)
+    torch._check(value <= bound)
+    item.meta[META] = (bound, text)
+    if root and mode is None:
+        item.meta[FIRST] = line
+        if policy.checked:
+            item.meta[AT_BOUND] = []
+            _AT_BOUND[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (bound, item)
+
+
+def _on_guard(shape_env, expr):
+    """A guard on ranged maxima that differs inside the range: traced with its outcome at the bound, which a
+    runtime assertion records (the backend turns it into a device assertion when the max is rewritten, and has
+    the frame traced again without it when the max is kept)."""
+    import sympy
+
+    symbols = list(getattr(expr, "free_symbols", None) or ())
+    entries = [_AT_BOUND.get((id(shape_env), s)) for s in symbols]
+    if len(entries) != 1 or entries[0] is None:  # one ranged max: its device assertion computes that max
+        return None
+    value = expr.xreplace({s: sympy.Integer(e[0]) for s, e in zip(symbols, entries)})
+    if value not in (sympy.true, sympy.false):
+        return None
+    guard = expr if value is sympy.true else sympy.Not(expr)
+    text = _compat.assert_at_runtime(shape_env, guard, f"syncfree: traced at the bound: {guard}")
+    for _, item in entries:
+        item.meta[AT_BOUND].append((text, guard))
+    return value
+
+
+@contextlib.contextmanager
+def bounded_maxima(policy: TracingPolicy):
+    """While Dynamo traces inside this block, a max of declared lengths read with `.item()` lies in [0, bound]
+    (the module docstring says when, and why that is sound)."""
+    _compat.on_captured_item(_on_item)
+    _compat.on_data_dependent_guard(_on_guard)
+    _ACTIVE.append(policy)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+        if not _ACTIVE:
+            _AT_BOUND.clear()
+
+
+class Retrace(Exception):
+    """Raised by the backend where the pass kept a max of the compiled function's own frame that a retrace may
+    still get rewritten: `modes` maps its line to the next way to trace it (TracingPolicy.modes)."""
+
+    def __init__(self, modes: dict):
+        super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
+                                                             sorted(modes.items())) + " is kept; tracing again")
+        self.modes = dict(modes)
+
+
+def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
+    """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace, raised while Dynamo compiles the
+    compiled function's own frame: nothing of the call has run), the call again with those lines' next mode.
+    A line goes from the range (with a differing branch at the bound) to the range only, or to no range (a max
+    passed into a compiled region: what Dynamo traces by itself, which the pass may rewrite) and then, if kept
+    there too, to the range only, for good."""
+    while True:
+        seen = len(_compat.graph_break_reasons())
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as e:
+            inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
+            if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
+                raise
+            policy.modes.update(inner.modes)
+            _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
+
+
+# -- the backend's side: before and after the pass ------------------------------------------------------------
+def ranged_items(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if META in n.meta]
+
+
+def strip_range_asserts(graph: torch.fx.Graph) -> int:
+    """Erase the `_assert_scalar(u0 >= 0)` / `(u0 <= bound)` that the range put in the graph (and their
+    comparisons), so that the pass sees the graph a user's code gives; a max that only they used goes as well,
+    as Dynamo drops an unused one. Returns how many asserts went."""
+    erased = 0
+    for item in ranged_items(graph):
+        bound = item.meta[META][0]
+        texts = [text for text, _ in item.meta.get(AT_BOUND, ())]
+        for compare in list(item.users):
+            if asserted_bound(compare, item) not in (("lower", 0), ("upper", bound)):
+                erased += _strip_at_bound(graph, compare, texts)
+                continue
+            for check in list(compare.users):
+                if check.op == "call_function" and check.target in ASSERTS and not check.users:
+                    graph.erase_node(check)
+                    erased += 1
+            if not compare.users:
+                graph.erase_node(compare)
+        if not item.users:  # only the range used it: Dynamo drops an unused max, and so does this
+            receiver = item.args[0]
+            graph.erase_node(item)
+            if isinstance(receiver, torch.fx.Node) and not receiver.users:
+                graph.erase_node(receiver)
+    return erased
+
+
+def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]) -> int:
+    """Erase the asserts of a branch traced at the bound (their text names the guard) that `node` leads to, and
+    the arithmetic left dead by it."""
+    if not texts:
+        return 0
+    erased = 0
+    for user in list(node.users):
+        if user.op == "call_function" and user.target in ASSERTS and len(user.args) > 1 \
+                and any(f"expression {t} on node" in str(user.args[1]) for t in texts):
+            graph.erase_node(user)
+            erased += 1
+        elif user.op == "call_function":
+            erased += _strip_at_bound(graph, user, texts)
+    if erased and not node.users and node.op == "call_function" and not _is_item(node):
+        graph.erase_node(node)
+    return erased
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return META in node.meta
+
+
+def respell_widths(graph: torch.fx.Graph) -> int:
+    """With the range, Dynamo spells a table's width as an expression of the max (`u0`, or
+    `torch.sym_min(256, u0 + 2)` where it clamps) instead of a fresh symbol read back with `sym_size(t, 1)`.
+    The rules read SGLang's strided column index `t[:, torch.arange(0, t.shape[1], ps)]` in that spelling: an
+    `arange` end that equals a dimension of the tensor it indexes (for every value of its symbols) becomes that
+    `aten.sym_size.int(t, dim)`, the same value. Returns how many were respelled."""
+    ranged = {_compat.symbol_of(_compat.example_value(n)) for n in ranged_items(graph)}
+    if not ranged:
+        return 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    count = 0
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is torch.arange and len(node.args) >= 2):
+            continue
+        end = node.args[1]
+        value = _compat.example_value(end)
+        if not isinstance(value, torch.SymInt) or not _compat.free_unbacked_symbols(value) & ranged:
+            continue
+        indexed = [u.args[0] for u in node.users if u.op == "call_function" and u.target is operator.getitem
+                   and isinstance(u.args[0], torch.fx.Node) and order[u.args[0]] < order[node]]
+        found = next(((t, d) for t in indexed for d, size in enumerate(_compat.example_value(t).shape)
+                      if _compat.known_equal(size, value)), None)
+        if found is None:
+            continue
+        with graph.inserting_before(node):
+            size = graph.call_function(torch.ops.aten.sym_size.int, found)
+        size.meta["example_value"] = value
+        node.args = (node.args[0], size, *node.args[2:])
+        if isinstance(end, torch.fx.Node) and not end.users and end.target in (torch.sym_min, torch.sym_max):
+            graph.erase_node(end)
+        count += 1
+    return count
+
+
+def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
+    """(item, lengths input, guards) of every ranged `.item()` whose frame was traced at the bound."""
+    return [(n, lengths_of(n), [g for _, g in n.meta[AT_BOUND]]) for n in ranged_items(graph)
+            if n.meta.get(AT_BOUND)]
+
+
+def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
+    """After the pass: a max of the compiled function's frame that the pass kept asks for the frame to be traced
+    again (Retrace) where that may change the outcome: without the range where the max is passed into a
+    compiled region, with the range only where a branch was traced at the bound; a rewritten one
+    traced at the bound gets each branch outcome it was traced with asserted on the device, on the max of its
+    lengths (the device twin of a CPU mirror). Returns how many device assertions were inserted."""
+    retrace = {}
+    for item in ranged_items(graph):  # kept: still in the graph
+        if FIRST not in item.meta:
+            continue
+        if _passed_into_a_region(item):
+            retrace[item.meta[FIRST]] = "unranged"
+        elif item.meta.get(AT_BOUND):
+            retrace[item.meta[FIRST]] = "final"
+    retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
+    if retrace:
+        raise Retrace(retrace)
+    count = 0
+    anchor = next(n for n in graph.nodes if n.op != "placeholder")
+    for item, lengths, guards in assumed:
+        lengths = mirrors.get(lengths) or lengths
+        top = insert_call(graph, anchor, torch.amax, (lengths,), lengths)
+        for guard in guards:
+            holds = _device_value(graph, anchor, guard, top, lengths)
+            insert_call(graph, anchor, torch.ops.aten._assert_async.msg,
+                        (holds, f"syncfree: a branch at {node_location(item)} was traced with the outcome it "
+                                f"has at the bound ({guard}), and this step's max of the lengths does not give it"),
+                        lengths)
+            count += 1
+    return count
+
+
+def _passed_into_a_region(item: torch.fx.Node) -> bool:
+    """With the range, Dynamo hands a compiled region (`invoke_subgraph`) the max itself where the width of a table
+    is an expression of it; without it, a fresh width symbol the rules read. Such a max is traced again without
+    the range."""
+    region = _compat.invoke_subgraph_op()
+    return region is not None and any(u.op == "call_function" and u.target is region for u in item.users)
+
+
+_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
+              "PythonMod": operator.mod, "Ne": operator.ne, "Equality": operator.eq, "Unequality": operator.ne,
+              "StrictLessThan": operator.lt, "LessThan": operator.le, "StrictGreaterThan": operator.gt,
+              "GreaterThan": operator.ge, "And": torch.logical_and, "Or": torch.logical_or, "Max": torch.maximum,
+              "Min": torch.minimum}
+
+
+def _device_value(graph, anchor, expr, value: torch.fx.Node, like: torch.fx.Node):
+    """The sympy expression `expr` of one symbol, computed with tensor ops on the device tensor `value`."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return value
+    name = type(expr).__name__
+    if name == "Not":
+        return insert_call(graph, anchor, torch.logical_not, (_device_value(graph, anchor, expr.args[0], value,
+                                                                              like),), like)
+    if name not in _SYMPY_OPS:
+        raise NotImplementedError(f"no device spelling for {name} in {expr}")
+    args = [_device_value(graph, anchor, a, value, like) for a in expr.args]
+    result = args[0]
+    for other in args[1:]:
+        if not isinstance(result, torch.fx.Node) and not isinstance(other, torch.fx.Node):
+            result = _SYMPY_OPS[name](result, other)
+            continue
+        if not isinstance(result, torch.fx.Node) and name in ("Add", "Mul"):
+            result, other = other, result
+        result = insert_call(graph, anchor, _SYMPY_OPS[name], (result, other), like)
+    return result
+
+
+def recheck_kept(graph: torch.fx.Graph) -> int:
+    """Every ranged `.item()` still in the graph after the pass (a kept max) gets its range checked again, on
+    the host, right after it. Returns how many were re-checked."""
+    count = 0
+    for item in ranged_items(graph):
+        bound, text = item.meta[META]
+        anchor = item.next
+        for op, limit, words in ((operator.ge, 0, "is negative"), (operator.le, bound, f"exceeds {text}")):
+            with graph.inserting_before(anchor):
+                compare = graph.call_function(op, (item, limit))
+                graph.call_function(torch.ops.aten._assert_scalar.default,
+                                    (compare, f"syncfree: the max of the lengths {words}, the range it was "
+                                              f"traced with"))
+        count += 1
+    return count
+
+
+# -- constructs that break the trace before any max: the one change that makes the line traceable -----------
+# Neither is rewritten for the user: a torch.compiler.disable()d wrapper may write anything it receives (a
+# custom op needs its mutated arguments declared), and an extension type's constructor is native code. The
+# report says, at the line Dynamo broke, what the user changes.
+TRACEABILITY_FIXES = (
+    ("user-defined class construction",
+     "to make this line traceable: Dynamo cannot allocate this class with object.__new__ (an extension type such "
+     "as a msgspec.Struct); define it as a dataclass or NamedTuple with the same fields"),
+    ("torch.compiler.disable",
+     "to keep the step in one graph: call the kernel through a torch.library.custom_op (mutates_args= what it "
+     "writes, with register_fake) instead of a torch.compiler.disable()d wrapper; its facts can then be "
+     "registered (register_self_guarding_consumer / register_indptr_bound_consumer)"),
+)
+
+
+def fix_for(reason: str) -> str | None:
+    """The one change that makes the line traceable, for a graph break Dynamo reported with `reason`."""
+    return next((fix for words, fix in TRACEABILITY_FIXES if words in reason), None)
