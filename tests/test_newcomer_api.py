@@ -332,18 +332,31 @@ def test_make_test_fast_skips_the_slow_suites_and_make_test_runs_all():
     assert "make test-fast" in (ROOT / "README.md").read_text()
 
 
+# Ops without facts, defined once at import (an op defined in a test body would be dropped with its CustomOpDef).
+@torch.library.custom_op("syncfree_newcomer_test::unregistered_sum", mutates_args=())
+def unregistered_sum(table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    return table.sum(1).to(torch.float32) + lens
+
+
+@unregistered_sum.register_fake
+def _(table, lens):
+    return lens.new_empty(lens.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("syncfree_newcomer_test::flat_sum", mutates_args=())
+def flat_sum(indices: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    return indices.sum().to(torch.float32) + lens
+
+
+@flat_sum.register_fake
+def _(indices, lens):
+    return lens.new_empty(lens.shape, dtype=torch.float32)
+
+
 def test_a_kept_reason_that_needs_a_registration_names_the_call():
     """An op without facts keeps the max, and the reason says which registration would give it facts."""
     import torch.nn.functional as F
     from passlib import make_fb, run
-
-    @torch.library.custom_op("syncfree_newcomer_test::unregistered_sum", mutates_args=())
-    def unregistered_sum(table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        return table.sum(1).to(torch.float32) + lens
-
-    @unregistered_sum.register_fake
-    def _(table, lens):
-        return lens.new_empty(lens.shape, dtype=torch.float32)
 
     def step(fb):
         m = fb.seq_lens.max().item()
@@ -360,14 +373,6 @@ def test_a_kept_reason_that_needs_a_registration_names_the_call():
         kv = torch.empty(fb.seq_lens.sum().item(), dtype=torch.int32)
         torch.ops.syncfree.kv_indices(kv, fb.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr)
         return torch.ops.syncfree_newcomer_test.flat_sum(kv, fb.seq_lens)
-
-    @torch.library.custom_op("syncfree_newcomer_test::flat_sum", mutates_args=())
-    def flat_sum(indices: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        return indices.sum().to(torch.float32) + lens
-
-    @flat_sum.register_fake
-    def _(indices, lens):
-        return lens.new_empty(lens.shape, dtype=torch.float32)
 
     _, backend, _ = run(flat, make_fb([3, 9, 5]), max_context_len=64)
     (item,) = backend.report.kept
