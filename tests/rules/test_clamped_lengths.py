@@ -13,8 +13,6 @@ import torch.nn.functional as F
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from compile_pass.normalize import floored_at_zero
-from compile_pass.rules.flat_kv_indices import register_indptr_reader
-from reference import read_through_indptr
 from passlib import make_fb, run
 
 MCL = 64
@@ -23,18 +21,7 @@ KV = torch.ops.syncfree.kv_indices
 VECTORS = [[3, 9, 5], [0, 64, 1], [1, 1, 1], [0, 0, 0], [64, 64, 64], [17, 2, 40]]
 
 
-@torch.library.custom_op("syncfree_clamp_test::read", mutates_args=())
-def read(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    return read_through_indptr(values, indices, indptr, lens)
-
-
-@read.register_fake
-def _(values, indices, indptr, lens):
-    return values.new_empty((lens.shape[0],))
-
-
-register_indptr_reader("syncfree_clamp_test::read", indices="indices", indptr="indptr", lengths="lens")
-READ = torch.ops.syncfree_clamp_test.read
+READ = torch.ops.syncfree_test.indptr_read  # a registered reader through an indptr
 VALUES = torch.randn(6 * 64, generator=torch.Generator().manual_seed(3))
 
 

@@ -13,25 +13,11 @@ import torch.nn.functional as F
 
 import compile_pass
 from compile_pass.options import OptionError, SyncfreeOptions
-from compile_pass.rules.flat_kv_indices import register_indptr_reader
-from reference import read_through_indptr
+import consumers_for_tests  # noqa: F401  (registers syncfree_test::indptr_read)
 from passlib import Rewriting, make_fb
 
 MCL = 64
 KV = torch.ops.syncfree.kv_indices
-
-
-_reference_read = read_through_indptr
-
-
-@torch.library.custom_op("syncfree_host_sums_test::read", mutates_args=())
-def read(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    return _reference_read(values, indices, indptr, lens)
-
-
-@read.register_fake
-def _(values, indices, indptr, lens):
-    return values.new_empty((lens.shape[0],))
 
 
 @torch.library.custom_op("syncfree_host_sums_test::unregistered_read", mutates_args=())
@@ -44,8 +30,7 @@ def _(values, indices):
     return values.new_empty((1,))
 
 
-register_indptr_reader("syncfree_host_sums_test::read", indices="indices", indptr="indptr", lengths="lens")
-READ = torch.ops.syncfree_host_sums_test.read
+READ = torch.ops.syncfree_test.indptr_read  # a registered reader through an indptr
 VALUES = torch.randn(6 * 64, generator=torch.Generator().manual_seed(7))
 
 

@@ -41,3 +41,20 @@ def _(page_table, lens, page_size, max_seqlen_k):
 compile_pass.register_self_guarding_consumer(
     "syncfree_test::bounded_sum", page_table="page_table", lengths="lens", upper_bounds=("max_seqlen_k",)
 )
+
+
+# A reader through an indptr (registered with the flat-buffer family's facts): row b reads only
+# indices[indptr[b] : indptr[b] + lens[b]] (reference.read_through_indptr, which raises past the buffer).
+@torch.library.custom_op("syncfree_test::indptr_read", mutates_args=())
+def indptr_read(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    from reference import read_through_indptr
+
+    return read_through_indptr(values, indices, indptr, lens)
+
+
+@indptr_read.register_fake
+def _(values, indices, indptr, lens):
+    return values.new_empty((lens.shape[0],))
+
+
+compile_pass.register_indptr_reader("syncfree_test::indptr_read", indices="indices", indptr="indptr", lengths="lens")
