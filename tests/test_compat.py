@@ -1,6 +1,5 @@
 """Each private-torch helper in compile_pass._compat, on the installed torch."""
 
-import pytest
 import torch
 
 from compile_pass import _compat
@@ -291,17 +290,26 @@ def test_disabled_target_unwraps_only_a_disable_wrapper():
     assert _compat.disabled_target(kernel) is None
 
 
-def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as_the_class():
-    """A hook that models a class as a container: its fields are read in the graph; returned, the object is
-    built with cls(**fields)."""
-    msgspec = pytest.importorskip("msgspec")
+class Pair:
+    """A class Dynamo would trace by itself; the hook below models it instead, as tracing.py does a Struct."""
 
-    class Pair(msgspec.Struct):
-        a: torch.Tensor
-        b: int
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def total(self):
+        return self.a * self.b
+
+
+def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as_the_class():
+    """A hook that models a class as a container: its fields are read and its method inlined in the graph;
+    returned (twice), the object is built once with cls(**fields)."""
+    calls = []
 
     def hook(tx, cls, args, kwargs):
         if cls is Pair:
+            calls.append(cls)
             return _compat.struct_variable(cls, {"a": args[0], "b": args[1]})
         return None
 
@@ -309,13 +317,14 @@ def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as
     try:
         def fn(x):
             p = Pair(x + 1, 3)
-            return p.a * p.b, p
+            return p.a * p.b + p.total(), p, p
 
-        out, pair = torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
+        out, pair, again = torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
     finally:
         _compat._CLASS_CALL_HOOKS.remove(hook)
-    torch.testing.assert_close(out, torch.full((2,), 6.0))
-    assert type(pair) is Pair and pair.b == 3
+    assert calls == [Pair]
+    torch.testing.assert_close(out, torch.full((2,), 12.0))
+    assert type(pair) is Pair and pair.b == 3 and pair is again
     torch.testing.assert_close(pair.a, torch.full((2,), 2.0))
 
 

@@ -191,10 +191,17 @@ def test_a_disabled_kernel_wrapper_is_reported_with_the_change_that_keeps_one_gr
                for n in notes), notes
 
 
-msgspec = pytest.importorskip("msgspec")  # SGLang's KVIndexTable and RaggedTargetVerifyGeometry are msgspec.Structs
+try:  # SGLang's KVIndexTable and RaggedTargetVerifyGeometry are msgspec.Structs
+    import msgspec
+except ImportError:  # pragma: no cover - msgspec comes with the SGLang set (make sglang-deps)
+    msgspec = None
+needs_msgspec = pytest.mark.skipif(msgspec is None, reason="msgspec is not installed")
+_Struct = msgspec.Struct if msgspec is not None else object
+_field = msgspec.field if msgspec is not None else (lambda **kw: None)
+_FROZEN = dict(frozen=True, kw_only=True, tag=True, array_like=True) if msgspec is not None else {}
 
 
-class StructTable(msgspec.Struct):
+class StructTable(_Struct):
     ids: torch.Tensor
     stride: int
     extra: int = 7
@@ -207,12 +214,12 @@ class StructTable(msgspec.Struct):
         return self.ids.shape[0] * self.stride
 
 
-class FrozenTable(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+class FrozenTable(_Struct, **_FROZEN):
     ids: torch.Tensor
     stride: int
 
 
-class PostInitTable(msgspec.Struct):
+class PostInitTable(_Struct):
     ids: torch.Tensor
     stride: int
 
@@ -220,9 +227,9 @@ class PostInitTable(msgspec.Struct):
         self.stride = self.stride * 2
 
 
-class FactoryTable(msgspec.Struct):
+class FactoryTable(_Struct):
     ids: torch.Tensor
-    seen: list = msgspec.field(default_factory=list)
+    seen: list = _field(default_factory=list)
 
 
 class Holder:
@@ -236,6 +243,7 @@ def _one_graph(fn, *args):
     return got, _breaks(before), compiled
 
 
+@needs_msgspec
 def test_a_msgspec_struct_is_traced_as_a_plain_container_equal_to_eager():
     """Positional and keyword fields, a default, a method and a property are traced in one graph; the Struct that
     leaves the graph (returned, and stored twice on an object) is one real instance of the class with the same
@@ -256,6 +264,7 @@ def test_a_msgspec_struct_is_traced_as_a_plain_container_equal_to_eager():
     assert (table.stride, table.extra) == (eager_table.stride, eager_table.extra)
 
 
+@needs_msgspec
 def test_a_frozen_kw_only_tagged_array_like_struct_is_traced_and_setting_a_field_raises_as_in_eager():
     """frozen / kw_only / tag / array_like change encoding and setattr, not construction: traced. Setting a field
     of the frozen Struct breaks the graph there and raises what eager raises."""
@@ -278,6 +287,7 @@ def test_a_frozen_kw_only_tagged_array_like_struct_is_traced_and_setting_a_field
         compile_pass.compile(write, max_context_len=16)(torch.ones(2))
 
 
+@needs_msgspec
 def test_a_struct_used_across_a_graph_break_is_the_same_object():
     def step(x):
         t = StructTable(x, 2)
@@ -290,6 +300,7 @@ def test_a_struct_used_across_a_graph_break_is_the_same_object():
     assert not any("msgspec" in b or "user-defined class" in b for b in breaks), breaks
 
 
+@needs_msgspec
 @pytest.mark.parametrize("cls, why", [(PostInitTable, "__post_init__"), (FactoryTable, "default_factory")])
 def test_a_struct_that_runs_code_at_construction_is_refused_and_the_report_names_the_change(cls, why):
     """__post_init__ (the class's own code) or a default_factory for a field left out: not modelled. Dynamo
@@ -306,6 +317,7 @@ def test_a_struct_that_runs_code_at_construction_is_refused_and_the_report_names
     assert any(n.startswith("test_tracing.py:") and why in n and "dataclass or NamedTuple" in n for n in notes), notes
 
 
+@needs_msgspec
 def test_struct_refusal_reads_the_class():
     assert tracing.struct_refusal(StructTable) is None and tracing.struct_refusal(FrozenTable) is None
     assert "__post_init__" in tracing.struct_refusal(PostInitTable)
@@ -313,6 +325,7 @@ def test_struct_refusal_reads_the_class():
         tracing.struct_refusal(Holder)
 
 
+@needs_msgspec
 def test_a_struct_is_not_modelled_outside_compile_pass_compile():
     """torch.compile(backend="syncfree") hands the backend a graph Dynamo traced without it: the Struct breaks."""
     def step(x):

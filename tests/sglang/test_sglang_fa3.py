@@ -6,6 +6,12 @@ included) with `compile_pass.compile(step, max_context_len=256, ...)`. It runs o
 sizes, and every result must equal the same step run eagerly on an identical batch. The native kernels are CPU
 stand-ins (standins/sgl_kernel) that raise where FA3 would read out of bounds.
 
+The ragged target verify runs SGLang's `build_ragged_target_verify_geometry` unmodified: its
+`RaggedTargetVerifyGeometry` (a msgspec.Struct) is traced as a plain container (issue 30, no shim), so the max
+reaches the pass: `ragged_verify` (no bound declared for verify_lens) is kept (`unbounded_operand`),
+`ragged_verify_traceable` (`length_bounds={"verify_lens": 4}`) is rewritten with bound 260; through
+`torch.compile(backend="syncfree")` alone Dynamo still breaks at the Struct and the note names the change.
+
 EXPECTED is the end state per path; the entries in NEEDS_RULE are not met yet and xfail with the rule they wait
 for (flip them when the rule lands: strict xfail, so a pass turns red).
 """
