@@ -302,7 +302,7 @@ def test_a_struct_used_across_a_graph_break_is_the_same_object():
 
 @needs_msgspec
 @pytest.mark.parametrize("cls, why", [(PostInitTable, "__post_init__"), (FactoryTable, "default_factory")])
-def test_a_struct_that_runs_code_at_construction_is_refused_and_the_report_names_the_change(cls, why):
+def test_a_msgspec_struct_is_reported_with_the_change_that_makes_it_traceable(cls, why):
     """__post_init__ (the class's own code) or a default_factory for a field left out: not modelled. Dynamo
     breaks there as without the backend, the result equals eager, and the note at the user's line says why
     and what makes it traceable."""

@@ -121,7 +121,7 @@ def test_ragged_verify_reaches_the_pass_without_a_shim_and_is_one_graph(sglang_f
     assert all(len(r.rewritten) >= 1 and not r.kept for r in result.reports)
 
 
-def test_ragged_verify_report_names_the_change_through_torch_compile(sglang_fa3):
+def test_ragged_verify_report_names_the_change_that_makes_the_geometry_traceable(sglang_fa3):
     """Through torch.compile(fn, backend="syncfree") the backend sees only what Dynamo traced: Dynamo cannot build
     RaggedTargetVerifyGeometry (a msgspec.Struct) there, and the report's note at the line where it breaks says
     the one change: compile through compile_pass.compile (or the same fields as a dataclass or NamedTuple)."""
