@@ -629,3 +629,40 @@ def test_a_two_dimensional_grid_without_pages_per_program_keeps_the_max():
         assert kept_codes(run_pass(block_grid_step, VECTORS[:2])) == [("writer_grid", "allocated_table")]
     finally:
         unregister_bounded_writer(BLOCK_WRITER)
+
+
+@needs_interpreter
+def test_the_sliced_scratch_filled_by_a_triton_writer_is_rewritten():
+    """FlashMLA's scratch with the Triton writer (its stride the scratch's own, a constant Dynamo keeps among the
+    kernel's constant arguments), as engine_steps_gpu.py's flashmla_scratch step runs it on a GPU."""
+    def step(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        table = buf[:bs, : triton.cdiv(m, PS)]
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+    with dynamo_sees_triton():
+        backend = run_op(step, width=10)
+    assert not backend.report.kept and "sliced table -> width 8" in backend.report.rewritten[0].reason, \
+        str(backend.report)
+    assert _slice_stop(backend) == 8
+
+
+@needs_interpreter
+def test_a_round_up_table_filled_by_a_triton_writer_is_rewritten():
+    """TRTLLM-MLA's padded width with the Triton writer, the width itself passed as its row stride, as
+    engine_steps_gpu.py's trtllm_round_up step runs it on a GPU."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        blocks = triton.cdiv(triton.cdiv(m, PS), 3) * 3
+        table = torch.full((bs, blocks), -1, dtype=torch.int32)
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), blocks, PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+    backend = run_pass(step, VECTORS)
+    assert not backend.report.kept and "width 9 (page_size 64, rounded up)" in backend.report.rewritten[0].reason, \
+        str(backend.report)
+    (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
+    assert writer.kwargs["kwargs"]["kv_indices_ptr_stride"] == 9
