@@ -273,8 +273,10 @@ def _rows_agree(a, b) -> bool:
     """The lengths' size and the table's rows: the same, or sizes of their own symbols (SGLang's `batch_size`
     beside `seq_lens.shape[0]` once the batch is dynamic). Either way the rewrite keeps every access of a step
     that stays in bounds: row b of the table lies at b * width, for its writer and its readers alike, and only
-    columns below cdiv(lengths[b], page_size) of a row are written or read; a step whose rows and lengths
-    disagree reads or writes out of bounds in eager already. Two different plain ints are a mismatch."""
+    columns below cdiv(lengths[b], page_size) of a row are written or read, so where rows and lengths disagree
+    a step touches the same cells in both (fewer lengths than rows: the rows past them are neither written nor
+    read), or reads or writes out of bounds in eager already (a kernel launched on more rows than there are
+    lengths, a reader of more rows than the table has). Two different plain ints are a mismatch."""
     if _same_size(a, b):
         return True
     va = example_value(a) if isinstance(a, torch.fx.Node) else a
