@@ -36,6 +36,10 @@ Knobs (each one more cold run of --knob-variant, after the variants and their wa
   env:NAME=VALUE         any environment variable of the child (e.g. env:TORCHINDUCTOR_COMPILE_THREADS=16)
   opt:KEY=VALUE          a syncfree backend option of the (e) variants (e.g. opt:checked=False: no device assert)
   no-checked             opt:checked=False (what the pass's device assertion costs in compile time)
+  per-layer-kv           regional variants: the KV pool as one tensor per layer (TinyLlama.new_kv_pool(per_layer=
+                         True)), so every layer's region call has inputs of the same metadata: torch 2.11 keys a
+                         region's body by its inputs' storage offsets too, and the views k_pool[i] of one stacked
+                         pool give a body per layer, each lowered again
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
 its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
@@ -97,6 +101,7 @@ KNOBS = {
     "no-cudagraph-trees": dict(config={"triton.cudagraph_trees": False}),
     "no-pattern-matcher": dict(config={"pattern_matcher": False}),
     "no-checked": dict(options={"checked": False}),
+    "per-layer-kv": dict(per_layer_kv=True),
 }
 
 # A small model for a CPU smoke run: the loop's structure, not its size.
@@ -152,7 +157,7 @@ DERIVED = {
 }
 OUTSIDE = ("outside_compile", "the first call less Dynamo's whole compile: the warm-up run, the project's kernels' "
            "JIT, runtime autotuning, CUDA graphs")
-NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False}
+NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False, "per_layer_kv": False}
 ARTIFACTS = "artifacts.bin"  # in a cold run's cache root: compile_pass.cache.save_artifacts' file
 PRECOMPILED = "step.aot"  # beside it: the step compile_pass.cache.aot_compile saved (syncfree variants)
 SAVED = {"shipped": (ARTIFACTS, "load_artifacts"), "precompiled": (PRECOMPILED, "load_precompiled")}  # file, spec key
@@ -610,7 +615,7 @@ def child(spec: dict) -> dict:
 
         config = dataclasses.replace(config, **TINY)
     model = decode_loop.TinyLlama(config, device=device)
-    k_pool, v_pool = model.new_kv_pool(device)
+    k_pool, v_pool = model.new_kv_pool(device, per_layer=bool(knob.get("per_layer_kv")) and config.regional)
     if device == "cuda":
         loop = decode_loop.Loop(config, spec["batch"])
         loop.set_context(spec["context"])

@@ -12,13 +12,27 @@ Steps (small shapes, fp32, max_context_len 1024):
             attention over each row's slots, read through the indptr) reads it. Rule flat_kv_indices.
   regional  the reference decoder (compile_pass.examples.TinyLlama, 4 layers) with each layer's work under
             torch.compiler.nested_compile_region. Rule page_table, through invoke_subgraph.
+  flashmla_scratch  SGLang's FlashMLABackend.init_forward_metadata with the CPU mirror published (issue 30): a
+            persistent -1 scratch grown on demand (`if buf is None or buf.shape[0] < bs or buf.shape[1] < n`),
+            sliced `buf[:bs, :cdiv(seq_lens_cpu.max().item(), 64)]`, filled by the bounded Triton writer
+            (kernels/flashmla_kv_indices.py, its stride the scratch's own), read by syncfree::paged_decode, the
+            slice stored on the backend's metadata (`static_escapes`). Rule allocated_table (the sliced scratch).
+  trtllm_round_up  TRTLLMMLABackend's `_calc_padded_blocks` with the mirror: blocks = cdiv(seq_lens_cpu.max().item(),
+            64), `if blocks % lcm != 0: blocks = cdiv(blocks, lcm) * lcm` (lcm = 64, as SGLang's for pages of 64:
+            traced at the bound's outcome), `torch.full((bs, blocks), -1)` filled by the writer with the width as
+            its row stride, read by syncfree::paged_decode, table and max_seq_len stored on the metadata. Rule
+            allocated_table (a round-up page count).
 For each: outputs equal eager over changing lengths (two batch sizes); replays pass under
 torch.cuda.set_sync_debug_mode("error"); Inductor's "graph partition" lines and cudagraph skips are counted; the
 report must say rewritten with nothing kept; Inductor's code holds no `.item()`.
 
     python benchmarks/engine_steps_gpu.py [--steps mla indptr flat regional] [--json out.json] [--device cpu]
 
-`--device cpu` is a dry run (no CUDA graphs, no sync-debug replays; Triton kernels need TRITON_INTERPRET=1).
+`--device cpu` is a dry run (no CUDA graphs, no sync-debug replays; Triton kernels need TRITON_INTERPRET=1, and
+Inductor does not lower a user Triton kernel on CPU tensors, so `mla` fails there). flashmla_scratch and
+trtllm_round_up run on the CPU with a writer op of the same contract in place of the Triton kernel:
+
+    python benchmarks/engine_steps_gpu.py --device cpu --steps flashmla_scratch trtllm_round_up --batches 3,2
 """
 
 from __future__ import annotations
@@ -209,7 +223,124 @@ def regional_case(device):
     return step, inputs, {"max_context_len": config.max_context_len}, dict(low=1, top=config.max_context_len)
 
 
-CASES = {"mla": mla_case, "indptr": indptr_case, "flat": flat_case, "regional": regional_case}
+class MLAMetadata:
+    """What SGLang's MLA backends keep between steps: FlashMLA's grown scratch, the metadata the step stores."""
+
+    def __init__(self, device):
+        self.device = device
+        self.scratch = None
+        self.block_kv_indices = None
+        self.max_seq_len_k = None
+
+    def grown_scratch(self, bs: int, pages: int) -> torch.Tensor:
+        """FlashMLABackend._eager_block_kv_indices (flashmla_backend.py:145): reused, grown to the running max."""
+        buf = self.scratch
+        if buf is None or buf.shape[0] < bs or buf.shape[1] < pages:
+            rows = bs if buf is None else max(bs, buf.shape[0])
+            cols = pages if buf is None else max(pages, buf.shape[1])
+            buf = torch.full((rows, cols), -1, dtype=torch.int32, device=self.device)
+            if self.device == "cuda":  # a persistent buffer the step writes: static, as engines mark theirs
+                from compile_pass._compat import mark_static_address
+
+                mark_static_address(buf)
+            self.scratch = buf
+        return buf[:bs, :pages]
+
+
+def _block_table_writer(device):
+    """`write(r2t, rpi, seq_lens, table, table_stride, ps)`: row b's first cdiv(seq_lens[b], ps) columns of the
+    table, addressed through `table_stride`. On CUDA the project's bounded Triton writer
+    (kernels/flashmla_kv_indices.py, one program per row, registered built in); on the CPU dry run a small op of
+    the same contract, registered here with compile_pass.register_bounded_writer (Inductor lowers user Triton
+    kernels for GPUs only)."""
+    if device == "cuda":
+        from compile_pass.kernels.flashmla_kv_indices import flashmla_kv_indices_kernel as kernel
+
+        def write(r2t, rpi, seq_lens, table, table_stride, ps):
+            kernel[(seq_lens.shape[0],)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table_stride,
+                                         PAGED_SIZE=ps)
+
+        return write
+    if not (hasattr(torch.ops, "engine_steps") and hasattr(torch.ops.engine_steps, "block_table_writer")):
+        import compile_pass
+
+        @torch.library.custom_op("engine_steps::block_table_writer", mutates_args=("table",))
+        def block_table_writer(r2t: torch.Tensor, rpi: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor,
+                               table_stride: int, ps: int) -> None:
+            for b in range(seq_lens.shape[0]):
+                pages = -(-max(int(seq_lens[b]), 0) // ps)
+                cols = r2t[rpi[b], : pages * ps : ps] // ps
+                table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
+
+        @block_table_writer.register_fake
+        def _(r2t, rpi, seq_lens, table, table_stride, ps):
+            return None
+
+        compile_pass.register_bounded_writer("engine_steps::block_table_writer", table="table", lengths="seq_lens",
+                                             page_size="ps", req_pool_indices="rpi", req_to_token="r2t",
+                                             table_stride="table_stride")
+    return torch.ops.engine_steps.block_table_writer
+
+
+def _mla_inputs(device):
+    def inputs(lengths, seed):
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(len(lengths), 1, HQ, D, generator=g).to(device)
+        rpi = torch.randperm(REQS, generator=g)[: len(lengths)].to(device)
+        seq_lens_cpu = torch.tensor(lengths, dtype=torch.int64)  # the host mirror SGLang publishes
+        return q, seq_lens_cpu.to(device), seq_lens_cpu, rpi
+
+    return inputs
+
+
+def flashmla_scratch_case(device):
+    write = _block_table_writer(device)
+    ps = 64
+    gen = torch.Generator().manual_seed(4)
+    r2t = token_table(gen, ps, device)
+    k = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
+    v = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
+    meta = MLAMetadata(device)
+
+    def step(q, seq_lens, seq_lens_cpu, rpi):
+        bs = seq_lens.shape[0]
+        n = (seq_lens_cpu.max().item() + ps - 1) // ps  # a host read of the mirror: no device sync, but dynamic
+        table = meta.grown_scratch(bs, n)
+        write(r2t, rpi, seq_lens, table, table.stride(0), ps)
+        meta.block_kv_indices = table  # stored, as FlashMLADecodeMetadata holds it
+        return torch.ops.syncfree.paged_decode(q, k, v, table[:bs], seq_lens.to(torch.int32))
+
+    return step, _mla_inputs(device), {"static_escapes": True}, dict(low=1, top=MCL)
+
+
+def trtllm_round_up_case(device):
+    import math
+
+    write = _block_table_writer(device)
+    ps = 64
+    lcm = math.lcm(128 // ps, 64)  # TRTLLM's block constraint and the Triton writer's pages per block
+    gen = torch.Generator().manual_seed(5)
+    r2t = token_table(gen, ps, device)
+    k = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
+    v = torch.randn(REQS * MCL // ps, ps, HKV, D, generator=gen).to(device)
+    meta = MLAMetadata(device)
+
+    def step(q, seq_lens, seq_lens_cpu, rpi):
+        bs = seq_lens.shape[0]
+        max_seq = seq_lens_cpu.max().item()
+        blocks = (max_seq + ps - 1) // ps  # _calc_padded_blocks (trtllm_mla_backend.py:340)
+        if blocks % lcm != 0:
+            blocks = (blocks + lcm - 1) // lcm * lcm
+        table = torch.full((bs, blocks), -1, dtype=torch.int32, device=seq_lens.device)
+        write(r2t, rpi, seq_lens, table, blocks, ps)  # the width as the writer's row stride
+        meta.block_kv_indices, meta.max_seq_len_k = table, max_seq
+        return torch.ops.syncfree.paged_decode(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=max_seq)
+
+    return step, _mla_inputs(device), {"static_escapes": True}, dict(low=1, top=MCL)
+
+
+CASES = {"mla": mla_case, "indptr": indptr_case, "flat": flat_case, "regional": regional_case,
+         "flashmla_scratch": flashmla_scratch_case, "trtllm_round_up": trtllm_round_up_case}
 
 
 # -- running one ------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
-#   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps,
+#   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps and issue 30's
+#              FlashMLA-shaped (grown scratch) and TRTLLM-MLA-shaped (round-up width) steps,
 #              cudagraphs=True, replayed under sync debug "error", equal to eager, partitions counted
 #   pagetable-tests  pytest -m gpu tests/kernels/test_page_table_gpu.py (the page-table op against eager indexing on CUDA)
 #   kernels    benchmarks/page_table.py and benchmarks/paged_decode.py (FA4 columns when FA4 is installed)
@@ -112,7 +113,8 @@ for stage in "$@"; do
         --json "$OUT/paged_decode_short.json"
       ;;
     engine-steps)
-      # issue 20's MLA-style, indptr, flat kv_indices and regional steps under cudagraphs (engine_steps_gpu.py)
+      # issue 20's MLA-style, indptr, flat kv_indices and regional steps, issue 30's flashmla_scratch and
+      # trtllm_round_up, under cudagraphs (engine_steps_gpu.py)
       TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py --json "$OUT/engine_steps.json"
       ;;
     pagetable-tests)

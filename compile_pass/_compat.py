@@ -369,10 +369,24 @@ def aot_compile_supported() -> str | None:
     return None
 
 
+def aot_compile_enabled():
+    """A context in which torch.compile(...) gives its result an `aot_compile` method: torch 2.11 does so only
+    under `torch._dynamo.config.enable_aot_compile` (off by default there; on by default from 2.13)."""
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "enable_aot_compile"):
+        return dynamo_config.patch(enable_aot_compile=True)
+    return contextlib.nullcontext()
+
+
 def aot_compile(compiled, args: tuple, kwargs: dict):
-    """AOT-compile a torch.compile(fullgraph=True) function for these example inputs: an object with
-    save_compiled_function(path) that is also callable."""
-    return compiled.aot_compile((tuple(args), dict(kwargs)))
+    """AOT-compile a torch.compile(fullgraph=True) function (made under aot_compile_enabled()) for these example
+    inputs: an object with save_compiled_function(path) that is also callable."""
+    if not hasattr(compiled, "aot_compile"):
+        raise RuntimeError(f"torch {torch.__version__}: this torch.compile result has no aot_compile (it was not "
+                           "made under _compat.aot_compile_enabled())")
+    with aot_compile_enabled():
+        return compiled.aot_compile((tuple(args), dict(kwargs)))
 
 
 def load_compiled_function(path: str):
@@ -391,6 +405,60 @@ try:  # torch with AOT precompile
     from torch._dynamo.aot_compile_types import SerializableCallable as _SerializableCallable
 except ImportError:  # pragma: no cover - a torch without it never precompiles
     _SerializableCallable = object  # type: ignore[assignment,misc]
+
+
+def _picklable_fallback(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the untouched Dynamo graph that torch's graph pickler takes: no node meta (fake tensors it
+    cannot pickle; the fallback runs eagerly and needs none), and no FX node inside a `slice` (torch 2.11's
+    pickler maps nodes through pytrees, which do not enter a slice: `t[:, :n]` becomes `t[:, slice(None, n)]`
+    with the slice built by a node)."""
+    import builtins
+
+    def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+        new = torch.fx.Graph()
+        env: dict = {}
+
+        def arg(a):
+            if isinstance(a, torch.fx.Node):
+                return env[a]
+            if isinstance(a, slice) and any(isinstance(x, torch.fx.Node) for x in (a.start, a.stop, a.step)):
+                return new.call_function(builtins.slice, (arg(a.start), arg(a.stop), arg(a.step)))
+            if isinstance(a, (tuple, list)):
+                return type(a)(arg(x) for x in a)
+            if isinstance(a, dict):
+                return {k: arg(v) for k, v in a.items()}
+            return a
+
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                env[node] = new.placeholder(node.target)
+            elif node.op == "output":
+                new.output(arg(node.args[0]))
+            else:
+                env[node] = new.create_node(node.op, node.target, arg(node.args), arg(node.kwargs), node.name)
+        return new
+
+    root = torch.nn.Module()
+    for name, value in gm.named_children():
+        setattr(root, name, _picklable_fallback(value) if isinstance(value, torch.fx.GraphModule) else value)
+    for name, value in list(gm.named_parameters(recurse=False)) + list(gm.named_buffers(recurse=False)):
+        setattr(root, name, value)
+    for node in gm.graph.nodes:  # other attributes the graph reads (constants Dynamo lifted)
+        if node.op == "get_attr" and not hasattr(root, node.target.split(".")[0]):
+            setattr(root, node.target.split(".")[0], getattr(gm, node.target.split(".")[0]))
+    return torch.fx.GraphModule(root, copy_graph(gm.graph))
+
+
+def serializable_step(compiled):
+    """Under AOT precompile, Inductor's compiled graph in the form torch saves (its bundled AOT autograd entry):
+    torch 2.11 wraps it so only for its own Inductor backends, not for a backend that calls Inductor itself.
+    Elsewhere `compiled` as it is."""
+    if not precompiling() or _SerializableCallable is object or isinstance(compiled, _SerializableCallable) \
+            or not hasattr(compiled, "serialize"):
+        return compiled
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+    return BundledAOTAutogradSerializableCallable(compiled)
 
 
 class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid-type]
@@ -418,21 +486,8 @@ class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid
         compiled = fn.compiled if isinstance(fn.compiled, Bundled) else Bundled(fn.compiled)
         if isinstance(fn.original, Graph):
             original = Graph.serialize_compile_artifacts(fn.original)
-        else:  # the fallback runs eagerly and needs no node meta, which holds fake tensors torch cannot pickle
-            graphs = [m for m in fn.original.modules() if isinstance(m, torch.fx.GraphModule)]
-            saved = [(node, node.meta) for m in graphs for node in m.graph.nodes]
-            saved_meta = [(m, m.meta) for m in graphs]
-            try:
-                for node, _ in saved:
-                    node.meta = {}
-                for m, _ in saved_meta:
-                    m.meta = {}
-                original = Graph.serialize_compile_artifacts(Graph(fn.original))
-            finally:
-                for node, meta in saved:
-                    node.meta = meta
-                for m, meta in saved_meta:
-                    m.meta = meta
+        else:
+            original = Graph.serialize_compile_artifacts(Graph(_picklable_fallback(fn.original)))
         return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), original, fn.pairs, fn._boxed_call))
 
     @classmethod
@@ -489,14 +544,16 @@ def symbol_of(value):
 
 
 _GUARD_HOOKS: list = []
+RETRY = object()  # a guard hook's answer: facts were added (a value range), evaluate the condition again
 
 
 def on_data_dependent_guard(hook) -> None:
     """Call `hook(shape_env, expr)` where the user's code branches on a condition over unbacked symbols that
     Dynamo cannot decide (`if blocks % lcm != 0:`, where it would break the graph). Only the user's own branches
     (Dynamo's SymNodeVariable.evaluate_expr: `if`, `bool()`), not the guards torch evaluates internally (those
-    catch the error and take a general path). The hook returns None (the break stands) or the value to trace
-    with, after recording a runtime assertion of it (`shape_env.guard_or_defer_runtime_assert`). Installed once."""
+    catch the error and take a general path). The hook returns None (the break stands), the value to trace
+    with, after recording a runtime assertion of it (`shape_env.guard_or_defer_runtime_assert`), or RETRY after
+    it added facts (`torch._check`) that may decide the condition: Dynamo then evaluates it again. Installed once."""
     from torch._dynamo.variables.tensor import SymNodeVariable
 
     if hook not in _GUARD_HOOKS:
@@ -506,18 +563,25 @@ def on_data_dependent_guard(hook) -> None:
     original = SymNodeVariable.evaluate_expr
 
     def evaluate_expr(self, *args, **kwargs):
-        try:
-            return original(self, *args, **kwargs)
-        except Exception:
-            node = getattr(getattr(self, "sym_num", None), "node", None)
-            shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
-            if shape_env is None or expr is None or not free_unbacked_symbols(self.sym_num):
-                raise
-            for each in list(_GUARD_HOOKS):
-                value = each(shape_env, expr)
-                if value is not None:
-                    return bool(value)
-            raise
+        for _attempt in range(3):  # a hook that returns RETRY has added facts: Dynamo evaluates again
+            try:
+                return original(self, *args, **kwargs)
+            except Exception:
+                node = getattr(getattr(self, "sym_num", None), "node", None)
+                shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+                if shape_env is None or expr is None or not free_unbacked_symbols(self.sym_num):
+                    raise
+                retry = False
+                for each in list(_GUARD_HOOKS):
+                    value = each(shape_env, expr)
+                    if value is RETRY:
+                        retry = True
+                        break
+                    if value is not None:
+                        return bool(value)
+                if not retry:
+                    raise
+        return original(self, *args, **kwargs)
 
     evaluate_expr._syncfree_guard_hook = True  # type: ignore[attr-defined]
     SymNodeVariable.evaluate_expr = evaluate_expr

@@ -76,7 +76,7 @@ def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pa
     (eager semantics, its host read included). The check compares storage addresses on the host: no sync.
     Under torch's AOT precompile the guard is an object torch can save with the graph (compile_pass.cache)."""
     if not pairs:
-        return compiled
+        return _compat.serializable_step(compiled)
     boxed = getattr(compiled, "_boxed_call", False)
     if _compat.precompiling() and hasattr(compiled, "serialize"):
         try:

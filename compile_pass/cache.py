@@ -187,7 +187,8 @@ def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_co
     _require_aot()
     options = {"max_context_len": max_context_len, **options}
     SyncfreeOptions.from_dict(options)
-    compiled = torch.compile(fn, backend=syncfree_backend, options=options, fullgraph=True)
+    with _compat.aot_compile_enabled():
+        compiled = torch.compile(fn, backend=syncfree_backend, options=options, fullgraph=True)
     with _compat.capture_scalar_outputs():
         try:
             return _compat.aot_compile(compiled, args, kwargs or {})

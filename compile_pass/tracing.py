@@ -5,12 +5,13 @@ The FX pass sees only what Dynamo traced. An engine that branches on a host max 
 unbacked symbol of unknown range, Dynamo cannot decide the branch. The rules already assume that such a max lies
 in `[0, bound]` (bound = max_context_len, or options['length_bounds'][name]) when they rewrite it, and
 `checked=True` asserts it on the device. So while Dynamo traces, the `.item()` of a full max of a lengths graph
-input gets that range:
+input gets that range, at the first branch of the user's code that needs it (a max no branch decides is traced
+exactly as Dynamo traces it by itself: its graph, and so its compile, is the one without the backend):
 
     max_1 = l_fb_seq_lens_cpu.max();  item = max_1.item()        # Sym(u0)
-    torch._check(u0 >= 0); torch._check(u0 <= 256)                 # applied here, on the fake value: the
-                                                                   # ShapeEnv knows u0 in [0, 256]
-    if buf.shape[1] < (u0 + 63) // 64:   # buf 4 wide: False for every u0 in [0, 256], no guard, no break
+    if buf.shape[1] < (u0 + 63) // 64:   # undecidable: torch._check(u0 >= 0), torch._check(u0 <= 256) on the
+                                         # fake value, then evaluated again: buf 4 wide, False for every u0 in
+                                         # [0, 256], no guard, no break
 
 What gets a range, and why it is sound:
   * only an `.item()` whose receiver is a full max (normalize.max_source) of a graph input whose name is a
@@ -101,6 +102,7 @@ class TracingPolicy:
 
 
 _ACTIVE: list[TracingPolicy] = []
+_RANGEABLE: dict = {}  # (id(shape_env), symbol) -> what _give_range takes: a lengths max not yet given its range
 _AT_BOUND: dict = {}  # (id(shape_env), symbol) -> (bound, item node): guards on it are traced at the bound
 AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
 FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
@@ -123,6 +125,8 @@ def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _on_item(item: torch.fx.Node, value, root_code) -> None:
+    """A captured `.item()`: a full max of declared lengths becomes rangeable (the range itself is given only
+    where a branch of the user's code needs it: `_on_guard`)."""
     if not _ACTIVE or _compat.symbol_of(value) is None or not isinstance(value, torch.SymInt):
         return
     policy = _ACTIVE[-1]
@@ -136,24 +140,39 @@ def _on_item(item: torch.fx.Node, value, root_code) -> None:
         if root:
             item.meta[UNRANGED] = line
         return
+    _RANGEABLE[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (value, item, found, root, mode,
+                                                                                policy.checked)
+
+
+def _give_range(value, item: torch.fx.Node, found: tuple[int, str], root: bool, mode: str | None,
+                checked: bool) -> None:
+    """The range [0, bound] on the max's symbol, from here on in the trace (Dynamo records the two checks as
+    runtime assertions right after the `.item()`)."""
     bound, text = found
     torch._check(value >= 0)
     torch._check(value <= bound)
     item.meta[META] = (bound, text)
     if root and mode is None:
-        item.meta[FIRST] = line
-        if policy.checked:
+        item.meta[FIRST] = node_location(item)
+        if checked:
             item.meta[AT_BOUND] = []
             _AT_BOUND[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (bound, item)
 
 
 def _on_guard(shape_env, expr):
-    """A guard on ranged maxima that differs inside the range: traced with its outcome at the bound, which a
-    runtime assertion records (the backend turns it into a device assertion when the max is rewritten, and has
-    the frame traced again without it when the max is kept)."""
+    """A branch of the user's code on maxima that Dynamo cannot decide. A rangeable max in it gets its range
+    first, and the branch is evaluated again (`_compat.RETRY`): a branch that holds, or fails, for every value in
+    [0, bound] is then decided without a guard. A branch that still differs inside the range is traced with its
+    outcome at the bound, which a runtime assertion records (the backend turns it into a device assertion when
+    the max is rewritten, and has the frame traced again without it when the max is kept)."""
     import sympy
 
     symbols = list(getattr(expr, "free_symbols", None) or ())
+    pending = [_RANGEABLE.pop((id(shape_env), s)) for s in symbols if (id(shape_env), s) in _RANGEABLE]
+    if pending:
+        for entry in pending:
+            _give_range(*entry)
+        return _compat.RETRY
     entries = [_AT_BOUND.get((id(shape_env), s)) for s in symbols]
     if len(entries) != 1 or entries[0] is None:  # one ranged max: its device assertion computes that max
         return None
@@ -182,6 +201,7 @@ def bounded_maxima(policy: TracingPolicy):
         _ACTIVE.pop()
         if not _ACTIVE:
             _AT_BOUND.clear()
+            _RANGEABLE.clear()
 
 
 class Retrace(Exception):

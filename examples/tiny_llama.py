@@ -168,10 +168,25 @@ class TinyLlama(torch.nn.Module):
         self.final_norm = torch.nn.Parameter(torch.ones(c.hidden, device=device, dtype=c.dtype), requires_grad=False)
         self.lm_head = w(c.vocab, c.hidden)
 
-    def new_kv_pool(self, device="cpu"):
+    def new_kv_pool(self, device="cpu", per_layer: bool = False):
+        """The KV pool: two [layers, num_pages, page_size, Hkv, D] tensors, or with per_layer=True (regional
+        mode only) two lists of one [1, num_pages, page_size, Hkv, D] tensor per layer, as SGLang keeps a buffer per
+        layer. Why per layer: a region's body is shared by the calls whose inputs have the same metadata, and
+        on torch 2.11 the storage offset counts, so the views `k_pool[i]` of one stacked pool make a body per
+        layer (each lowered by Inductor again); per-layer tensors all start at offset 0."""
         c = self.config
-        shape = (c.layers, c.num_pages, c.page_size, self.local_kv_heads, c.head_dim)
-        return torch.zeros(shape, device=device, dtype=c.dtype), torch.zeros(shape, device=device, dtype=c.dtype)
+        if per_layer and not c.regional:
+            raise ValueError("new_kv_pool(per_layer=True) is for config.regional=True (the plain model indexes one "
+                             "stacked pool)")
+        layers = 1 if per_layer else c.layers
+        shape = (layers, c.num_pages, c.page_size, self.local_kv_heads, c.head_dim)
+
+        def pool():
+            return torch.zeros(shape, device=device, dtype=c.dtype)
+
+        if per_layer:
+            return [pool() for _ in range(c.layers)], [pool() for _ in range(c.layers)]
+        return pool(), pool()
 
     # -- the attention-metadata step, engine style ------------------------------------------------------
     def attention_metadata(self, fb: ForwardBatch):
@@ -267,11 +282,17 @@ class TinyLlama(torch.nn.Module):
         """config.regional: the same layers (the same ops, in the same order) as two compiled regions each, the
         KV write between them."""
         c = self.config
+        stacked = isinstance(k_pool, torch.Tensor)  # else new_kv_pool(per_layer=True): a tensor per layer
         for i, layer in enumerate(self.layers):
             q, k, v = attn_in_region(x, layer.attn_norm, layer.wqkv, fb.positions, self.local_heads,
                                      self.local_kv_heads, c.head_dim, c.rope_theta)
-            torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
-            x = attn_out_mlp_region(x, q, k_pool[i], v_pool[i], page_table, cache_seqlens, layer.wo, layer.mlp_norm,
+            if stacked:
+                torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
+                k_cache, v_cache = k_pool[i], v_pool[i]
+            else:
+                torch.ops.syncfree.store_kv(k_pool[i], v_pool[i], 0, loc, k, v)
+                k_cache, v_cache = k_pool[i][0], v_pool[i][0]
+            x = attn_out_mlp_region(x, q, k_cache, v_cache, page_table, cache_seqlens, layer.wo, layer.mlp_norm,
                                     layer.w_gate_up, layer.w_down)
         return _rms_norm(x, self.final_norm) @ self.lm_head.t()
 

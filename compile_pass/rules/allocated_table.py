@@ -11,7 +11,19 @@ Register a writer (facts scoped to this rule, keyed by the kernel's `module:qual
                             page_size="PAGED_SIZE", req_pool_indices="req_pool_indices_ptr",
                             req_to_token="req_to_token_ptr", table_stride="kv_indices_ptr_stride")
 
-The example kernel in kernels/flashmla_kv_indices.py is registered when this module is imported.
+The example kernel in kernels/flashmla_kv_indices.py is registered when this module is imported. A torch op can be a
+writer too (`register_bounded_writer(torch.ops.ns.op, ...)`: its schema must write only the table); a kernel
+launched on SGLang's 2-D grid `(bs, cdiv(n, P))`, program (b, j) writing only pages [j * P, (j + 1) * P) of row
+b's own, declares `pages_per_program=P`.
+
+The table's forms (issue 30: SGLang's FlashMLA and TRTLLM-MLA with the CPU mirror published):
+    torch.full((B, n), -1) / empty / zeros    an allocation of width n
+    buf[:B, :n]                               a slice of a persistent buffer (a graph input or attribute) whose
+                                              width is statically >= the bound's pages (FlashMLA's grown scratch);
+                                              the writer's stride is then the buffer's own, unchanged
+with n the page count `cdiv(m + c, ps)`, or its round-up `cdiv(cdiv(m + c, ps), L) * L` (TRTLLM-MLA's
+`_calc_padded_blocks`): the static width is the same expression at m = bound. Under static_escapes the table may
+also leave the step (stored on the backend's metadata), at the static width.
 """
 
 from __future__ import annotations
@@ -25,13 +37,13 @@ import torch.fx
 
 from .. import _compat
 from .._compat import example_value, fake_mode_of
-from ..consumers import (bind_arguments, facts_of, load_facts, lookup_consumer, overload_name, register_facts,
-                         unregister_facts)
+from ..consumers import (bind_arguments, facts_of, load_facts, lookup_consumer, lookup_facts, overload_name,
+                         register_facts, unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import node_location, replace_uses
-from ..normalize import (ASSERTS, INT_DTYPES, as_allocation, ceil_div, holds_for_every_value, row_stride_of,
-                         page_count, plus_constant, with_size)
+from ..normalize import (ASSERTS, INT_DTYPES, SYM_SIZE, as_allocation, ceil_div, holds_for_every_value, row_stride_of,
+                         only_asserted, page_count, plus_constant, with_size)
 from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
@@ -44,23 +56,31 @@ REASONS = declare_reasons(RULE, {
     "width_use": "the allocated table's width is used by something other than the allocation and the writer's "
                  "row stride",
     "writer_grid": "the bounded writer's launch grid is not (rows of the table, 1, 1)",
+    "buffer_narrow": "the persistent buffer the page count slices is not statically as wide as the bound's pages",
+    "round_up": "the page count is rounded up by arithmetic that is not a multiple-of round-up",
 })
 
 
 # -- facts: bounded writers -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class BoundedWriter:
-    """A user Triton kernel that, launched on a grid (rows of the table, 1, 1), has program b write row b's first
-    cdiv(max(lengths[b], 0), page_size) columns of `table` and nothing else; every other tensor it receives it only
-    reads. Its writes depend on the table only through `table_stride` (the table's row stride), never its width."""
+    """A writer of a [rows, n] page table: a user Triton kernel or a torch op. Program (or row) b writes row b's
+    first cdiv(max(lengths[b], 0), page_size) columns of `table` and nothing else; every other tensor it receives
+    it only reads. Its writes depend on the table only through its data pointer and `table_stride` (the table's
+    row stride), never its width. A kernel is launched on a grid (rows of the table, 1, 1), or, with
+    `pages_per_program`, (rows, cdiv(width, pages_per_program), 1) with program (b, j) writing only columns
+    [j * pages_per_program, (j + 1) * pages_per_program) of row b's first cdiv(lengths[b], page_size): any axis-1
+    count that covers the widest row writes the same. An op owns its launch."""
 
-    name: str  # "module:qualname" of the kernel's Python function
+    name: str  # "module:qualname" of the kernel's Python function, or the op's "ns::name.overload"
     table: str  # the parameter that takes the [rows, n] table (written in place)
     lengths: str  # the parameter that takes the per-row lengths, in tokens
     page_size: int | str  # tokens per page: an int, or the parameter (constexpr or int) that holds it
     req_pool_indices: str | None = None  # the request indices it reads (checked like the lengths)
     req_to_token: str | None = None  # the token table it reads
     table_stride: str | None = None  # the parameter that takes table.stride(0), if any
+    pages_per_program: int | None = None  # a kernel's pages per program along grid axis 1 (None: one program/row)
+    op: bool = False  # a torch op (its schema says what it writes), not a Triton kernel
 
 
 def kernel_name(kernel) -> str:
@@ -84,16 +104,50 @@ def _kernel_arg_names(kernel):
     return getattr(obj, "arg_names", None)
 
 
+def _is_op(kernel) -> bool:
+    """A torch op (OpOverload, packet, custom_op) or its 'ns::name' string; a kernel's string is 'module:qualname'."""
+    if isinstance(kernel, str):
+        return "::" in kernel
+    return isinstance(kernel, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+        or isinstance(getattr(kernel, "_opoverload", None), torch._ops.OpOverload)
+
+
+def _op_schema(name: str):
+    namespace, rest = name.split("::", 1)
+    opname, overload = rest.split(".", 1)
+    return getattr(getattr(getattr(torch.ops, namespace), opname), overload)._schema
+
+
 def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int | str,
                             req_pool_indices: str | None = None, req_to_token: str | None = None,
-                            table_stride: str | None = None) -> BoundedWriter:
-    """Declare that `kernel` (a @triton.jit kernel, or its `module:qualname`) is a bounded writer (BoundedWriter).
-    With the kernel object, the names are checked against its parameters. Registering again replaces."""
-    name = kernel if isinstance(kernel, str) else kernel_name(kernel)
-    arg_names = None if isinstance(kernel, str) else _kernel_arg_names(kernel)
+                            table_stride: str | None = None, pages_per_program: int | None = None) -> BoundedWriter:
+    """Declare that `kernel` is a bounded writer (BoundedWriter): a @triton.jit kernel (or its `module:qualname`),
+    or a torch op (OpOverload, packet, custom_op, or 'ns::name[.overload]'). With the kernel object or an op, the
+    names are checked against its parameters; an op's schema must write its `table` and nothing else, and return
+    nothing. Registering again replaces."""
+    op = _is_op(kernel)
+    if op:
+        name = overload_name(kernel)
+        try:
+            schema = _op_schema(name)
+        except (AttributeError, RuntimeError) as e:
+            raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
+        arg_names = [a.name for a in schema.arguments]
+        written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if written != [table] or schema.returns:
+            raise ValueError(f"{name} must write only its table {table!r} and return nothing (its schema writes "
+                             f"{written} and returns {len(schema.returns)} values)")
+        if pages_per_program is not None:
+            raise ValueError("pages_per_program describes a Triton kernel's launch grid; an op owns its launch")
+    else:
+        name = kernel if isinstance(kernel, str) else kernel_name(kernel)
+        arg_names = None if isinstance(kernel, str) else _kernel_arg_names(kernel)
     if isinstance(page_size, bool) or not (isinstance(page_size, str) or (isinstance(page_size, int)
                                                                           and page_size >= 1)):
         raise ValueError(f"page_size must be an int >= 1 or a parameter name, got {page_size!r}")
+    if pages_per_program is not None and (isinstance(pages_per_program, bool) or not isinstance(
+            pages_per_program, int) or pages_per_program < 1):
+        raise ValueError(f"pages_per_program must be an int >= 1, got {pages_per_program!r}")
     named = {"table": table, "lengths": lengths, "req_pool_indices": req_pool_indices,
              "req_to_token": req_to_token, "table_stride": table_stride,
              "page_size": page_size if isinstance(page_size, str) else None}
@@ -102,12 +156,16 @@ def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int 
             raise TypeError(f"{label} must be a parameter name, got {value!r}")
         if value is not None and arg_names is not None and value not in arg_names:
             raise ValueError(f"{label}={value!r} is not a parameter of {name} (parameters: {list(arg_names)})")
-    facts = BoundedWriter(name, table, lengths, page_size, req_pool_indices, req_to_token, table_stride)
-    register_facts(RULE, _key(name), facts)
+    facts = BoundedWriter(name, table, lengths, page_size, req_pool_indices, req_to_token, table_stride,
+                          pages_per_program, op)
+    register_facts(RULE, name if op else _key(name), facts)
     return facts
 
 
 def unregister_bounded_writer(kernel) -> None:
+    if _is_op(kernel):
+        unregister_facts(RULE, overload_name(kernel))
+        return
     unregister_facts(RULE, _key(kernel if isinstance(kernel, str) else kernel_name(kernel)))
 
 
@@ -117,6 +175,37 @@ def bounded_writer_of(kernel) -> BoundedWriter | None:
     except TypeError:
         return None
     return facts_of(RULE).get(_key(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One call that may write a table: a user Triton kernel's launch, or a call of an op with writer facts."""
+
+    node: torch.fx.Node
+    name: str
+    facts: BoundedWriter | None  # None: a Triton kernel with no facts
+    args: dict  # parameter -> value (a kernel's constants included; an op's defaults included)
+    grid: object = None  # a kernel's grid; None for an op
+
+
+def launch_of(node: torch.fx.Node) -> Launch | None:
+    """The launch `node` makes, or None (neither a user Triton kernel nor an op registered as a bounded writer)."""
+    found = _compat.user_triton_kernel(node)
+    if found is not None:
+        kernel, constants = found
+        try:
+            name = kernel_name(kernel)
+        except TypeError:
+            name = type(kernel).__name__
+        args = {**constants, **dict(node.kwargs.get("kwargs", {}))}
+        return Launch(node, name, bounded_writer_of(kernel), args, node.kwargs.get("grid"))
+    facts = lookup_facts(RULE, node) if node.op == "call_function" else None
+    if facts is None:
+        return None
+    schema = _op_schema(facts.name)
+    args = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    args.update(bind_arguments(facts.name, node.args, node.kwargs))
+    return Launch(node, facts.name, facts, args)
 
 
 def _builtin_writers() -> dict:
@@ -140,6 +229,10 @@ class TablePlan:
     writer_name: str
     bookkeeping: tuple  # Dynamo's own checks on n (true for every n in [0, pages]) and their asserts
     consumers: tuple
+    sliced: bool = False  # the table is `buf[:B, :n]` of a persistent buffer, not an allocation
+    rounding: tuple = ()  # the round-up `(n + a) // L * L` of the page count (erased; its result is `count`)
+    grids: tuple = ()  # (node, pages_per_program): a grid's axis-1 block count `cdiv(n, ppp)` -> cdiv(pages, ppp)
+    escapes: bool = False  # the table itself reaches the graph output (static_escapes): it leaves at the width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +269,22 @@ def _same_size(a, b) -> bool:
     return False
 
 
+def _rows_agree(a, b) -> bool:
+    """The lengths' size and the table's rows: the same, or sizes of their own symbols (SGLang's `batch_size`
+    beside `seq_lens.shape[0]` once the batch is dynamic). Either way the rewrite keeps every access of a step
+    that stays in bounds: row b of the table lies at b * width, for its writer and its readers alike, and only
+    columns below cdiv(lengths[b], page_size) of a row are written or read, so where rows and lengths disagree
+    a step touches the same cells in both (fewer lengths than rows: the rows past them are neither written nor
+    read), or reads or writes out of bounds in eager already (a kernel launched on more rows than there are
+    lengths, a reader of more rows than the table has). Two different plain ints are a mismatch."""
+    if _same_size(a, b):
+        return True
+    va = example_value(a) if isinstance(a, torch.fx.Node) else a
+    vb = example_value(b) if isinstance(b, torch.fx.Node) else b
+    return isinstance(va, (int, torch.SymInt)) and isinstance(vb, (int, torch.SymInt)) \
+        and not (type(va) is int and type(vb) is int)
+
+
 class _Walk(HostMaxWalk):
     """One max's proof: the family's walk, with a page count sizing one allocated table as its use."""
 
@@ -206,13 +315,36 @@ class _Walk(HostMaxWalk):
     # -- the page count ---------------------------------------------------------------------------------
     def on_page_count(self, count: torch.fx.Node, page_size: int, extra: int):
         pages = ceil_div(self.bound + extra, page_size)  # the count at m = bound: covers every row within it
-        allocations, strides, bookkeeping, writers = [], [], [], []
+        rounding = ()
+        rounded = _round_up(count)
+        if rounded is not None:  # `(n + a) // L * L`: eager's width is a multiple of L, and so is the static one
+            width, rounding, add, multiple, factor, checks = rounded
+            if add < multiple - 1 or factor != multiple:
+                raise Unsafe("round_up", f"the page count at {node_location(count)} is rounded by `(n + {add}) // "
+                                         f"{multiple} * {factor}`, not up to a multiple of {multiple}: it may be "
+                                         "narrower than the pages of a row")
+            pages = (pages + add) // multiple * multiple  # monotone in n: at least eager's width for every m
+            for check in checks:  # Dynamo's own, on the multiples: true for every count in [0, pages / L]
+                if not holds_for_every_value(check, check.args[0] if check.args[0] in rounding else check.args[1],
+                                             pages // multiple):
+                    raise Unsafe("width_check", f"the rounded page count is checked at {node_location(check)} by "
+                                                "a check that does not hold for every width")
+                rounding = (*rounding, check, *check.users)
+            count = width
+        allocations, slices, strides, bookkeeping, writers, grids = [], [], [], [], [], []
         for user in count.users:
             alloc = as_allocation(user)
             if alloc is not None and _is_table_of(alloc, count):
                 allocations.append(user)
                 continue
-            if _compat.user_triton_kernel(user) is not None:
+            if _slice_of(user, count) is not None:
+                slices.append(user)
+                continue
+            blocks = _block_count(user, count)
+            if blocks is not None:
+                grids.append(blocks)  # a launch grid's axis 1: follow_writer checks it against the facts
+                continue
+            if _compat.user_triton_kernel(user) is not None or launch_of(user) is not None:
                 if _in_grid(user, count):
                     raise Unsafe("writer_grid", f"the launch grid of the kernel at {node_location(user)} depends on "
                                                 "the page count: its writes would follow the static width")
@@ -230,138 +362,194 @@ class _Walk(HostMaxWalk):
                 continue
             raise Unsafe("width_use", f"the page count at {node_location(count)} is used by {describe_use(user)}, "
                                       "not only as an allocation's width and its writer's row stride")
-        if len(allocations) != 1:
-            raise Unsafe("width_use", f"the page count at {node_location(count)} sizes {len(allocations)} "
-                                      "allocations; one table, one writer")
-        (allocation,) = allocations
+        if len(allocations) + len(slices) != 1:
+            raise Unsafe("width_use", f"the page count at {node_location(count)} sizes "
+                                      f"{len(allocations) + len(slices)} tables; one table, one writer")
+        (allocation,) = allocations or slices
+        if slices:
+            self.check_buffer(allocation, pages)
         for stride in strides:
             for user in stride.users:
-                if _compat.user_triton_kernel(user) is None:
+                if _compat.user_triton_kernel(user) is None and launch_of(user) is None:
                     raise Unsafe("width_use", f"the table's row stride (`max(1, n)`) is used by {describe_use(user)}")
                 if _in_grid(user, stride):
                     raise Unsafe("writer_grid", f"the launch grid at {node_location(user)} depends on the width")
+        grid_users = {u for _, _, node in grids for u in node.users}
         self.follow_table(count, page_size, extra, pages, allocation, tuple(strides), tuple(bookkeeping),
-                          set(writers) | {u for s in strides for u in s.users})
+                          set(writers) | {u for s in strides for u in s.users} | grid_users, bool(slices),
+                          tuple(rounding), tuple(grids))
 
-    def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers):
-        alloc = as_allocation(allocation)
+    def check_buffer(self, table: torch.fx.Node, pages: int) -> None:
+        """`buf[:B, :n]`: a persistent int buffer (a graph input or attribute) already as wide as the bound's
+        pages, statically, so that `buf[:B, :pages]` holds the same cells eager's slice holds, and more."""
+        base = table.args[0]
+        bv = example_value(base)
+        if base.op not in ("placeholder", "get_attr") or getattr(bv, "ndim", 0) != 2 \
+                or bv.dtype not in INT_DTYPES:
+            raise Unsafe("not_a_table", f"the page count slices {describe_use(base)}, not a persistent 2-D int "
+                                        "buffer (a graph input or attribute)")
+        width = bv.shape[1]
+        if not isinstance(width, int) or width < pages:
+            raise Unsafe("buffer_narrow", f"the buffer {base.name} sliced at {node_location(table)} is {width} "
+                                          f"columns wide, not statically as wide as the bound's {pages} pages: the "
+                                          "static width would not fit in it")
+
+    def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers,
+                     sliced=False, rounding=(), grids=()):
         tv = example_value(allocation)
         if getattr(tv, "dtype", None) not in INT_DTYPES:
             raise Unsafe("not_a_table", f"the allocation at {node_location(allocation)} is {getattr(tv, 'dtype', None)}"
                                         ", not an int32/int64 page table")
+        rows = allocation.args[1][0].stop if sliced else as_allocation(allocation).sizes[0]
         users = sorted(allocation.users, key=self.ctx.index)
+        checks = [_size_checks(u, allocation) for u in users]
+        for user, found in zip(users, checks):
+            if found is not None:  # Dynamo's bookkeeping for a slice's width (true for any width in [0, pages])
+                if not all(holds_for_every_value(c, user, pages) for c in found if c.target not in ASSERTS):
+                    raise Unsafe("width_check", f"the table's width is checked at {node_location(user)} by a "
+                                                "check that does not hold for every width, which must keep its "
+                                                "meaning")
+                bookkeeping = (*bookkeeping, *found, user)
+        users = [u for u, found in zip(users, checks) if found is None]
         if not users:
             raise Unsafe("no_consumer", "the allocated table is never read")
         writer = users[0]
-        if _compat.user_triton_kernel(writer) is None:
+        launch = launch_of(writer)
+        if launch is None:
             if writer.op == "call_function" and lookup_consumer(writer) is not None:
                 raise Unsafe("no_writer", f"{describe_use(writer)} reads the allocated table before any kernel "
                                           "writes it")
             raise self.table_use(writer)
-        facts = self.follow_writer(writer, allocation, alloc, count, page_size, extra, strides)
-        consumers = []
-        for user in users[1:]:
-            if _compat.user_triton_kernel(user) is not None:
+        facts = self.follow_writer(launch, allocation, rows, count, page_size, extra, strides, sliced, grids)
+        consumers, escapes = [], False
+        for user, table in _reads_of(users[1:], allocation):
+            if user.op == "output" and self.ctx.options.static_escapes and table is allocation:
+                escapes = True  # the table leaves at the static width (options['static_escapes'])
+                continue
+            if launch_of(user) is not None or _compat.user_triton_kernel(user) is not None:
                 raise Unsafe("table_written", f"the allocated table is also written by the kernel at "
                                               f"{node_location(user)}")
             entry = lookup_consumer(user) if user.op == "call_function" else None
             if entry is None:
-                if allocation in written_by(user):
+                if allocation in written_by(user) or table in written_by(user):
                     raise Unsafe("table_written", f"the allocated table is written by {describe_use(user)} after its "
                                                   "bounded writer")
                 raise self.table_use(user)
-            names = [a for a, v in bind_arguments(entry.name, user.args, user.kwargs).items() if v is allocation]
+            names = [a for a, v in bind_arguments(entry.name, user.args, user.kwargs).items() if v is table]
             if entry.page_table is None or names != [entry.page_table]:
                 raise Unsafe("table_argument", f"the allocated table is passed to {entry.name} as {names}, not as its "
                                                "page-table argument")
             check_page_size(user, entry, page_size)
+            protected = [allocation, table, *([allocation.args[0]] if sliced else [])]
             try:
-                self.ctx.check_no_writes(user, [allocation], "the allocated table", writer, self.disjoint)
+                self.ctx.check_no_writes(user, protected, "the allocated table", writer, self.disjoint)
             except Unsafe as e:
                 raise Unsafe("table_written", e.message) from None
             lengths = bind_arguments(entry.name, user.args, user.kwargs).get(entry.lengths)
             self.relate(user, lengths, f"{entry.name}'s {entry.lengths}", extra, allowed=(writer,))
-            lv = example_value(lengths)
-            if getattr(lv, "ndim", 0) != 1 or not _same_size(lv.shape[0], tv.shape[0]):
+            lv, view = example_value(lengths), example_value(table)
+            # A slice of a persistent buffer is addressed through the buffer's own pointer and row stride at any
+            # width: whatever the rows, every cell read is the cell eager read. An allocation's rows must match.
+            if getattr(lv, "ndim", 0) != 1 or not (sliced or _rows_agree(lv.shape[0], view.shape[0])):
                 raise Unsafe("mismatch", f"{entry.name}'s {entry.lengths} do not have one value per table row")
-            self.check_outputs_keep(user, entry, allocation, pages)
+            self.check_outputs_keep(user, entry, table, pages)
             consumers.append(user)
         if not consumers:
             raise Unsafe("no_consumer", "the allocated table reaches no self-guarding consumer")
         if width_readers - {writer}:
             other = min(width_readers - {writer}, key=self.ctx.index)
             raise Unsafe("width_use", f"the table's width reaches {describe_use(other)}, which is not its writer")
-        self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name, bookkeeping,
-                                     tuple(consumers)))
+        grid_nodes = tuple((node, ppp) for _, ppp, node in grids)
+        self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name,
+                                     (*bookkeeping, *(n for chain, _, _ in grids for n in chain)),
+                                     tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes))
 
     @staticmethod
     def table_use(user: torch.fx.Node) -> Unsafe:
         if user.op == "output":
-            return Unsafe("escapes", "the allocated table reaches the graph output (returned or stored)")
+            return Unsafe("escapes", "the allocated table reaches the graph output (returned or stored); "
+                                     "options['static_escapes'] would let it leave at the static width")
         return Unsafe("table_use", f"the allocated table reaches {describe_use(user)}, which is neither its bounded "
                                    "writer nor a self-guarding consumer")
 
-    def follow_writer(self, writer, allocation, alloc, count, page_size, extra, strides) -> BoundedWriter:
-        kernel, constants = _compat.user_triton_kernel(writer)
-        facts = bounded_writer_of(kernel)
-        try:
-            name = kernel_name(kernel)
-        except TypeError:
-            name = type(kernel).__name__
+    def follow_writer(self, launch: Launch, allocation, rows, count, page_size, extra, strides, sliced=False,
+                      grids=()) -> BoundedWriter:
+        writer, facts, name = launch.node, launch.facts, launch.name
         if facts is None:
             raise Unsafe("writer_unknown", f"the kernel {name} at {node_location(writer)} writes the allocated table "
                                            "and has no bounded-writer facts (register_bounded_writer)")
         if writer.kwargs.get("tma_descriptor_metadata"):
             raise Unsafe("writer_unknown", f"{name} is launched with TMA descriptors, which its facts do not cover")
-        kw = dict(writer.kwargs.get("kwargs", {}))
-        args = {**constants, **kw}
-        for param, value in kw.items():
+        args = launch.args
+        width_nodes = (count, *strides)
+        for param, value in args.items():
             held = []
             torch.fx.node.map_arg(value, lambda n: held.append(n))
             if allocation in held and (param != facts.table or value is not allocation):
                 raise Unsafe("table_argument", f"the allocated table is passed to {name} as {param!r}, not only as "
                                                f"its table {facts.table!r}")
-            width = [n for n in held if n is count or n in strides]
-            if width and (param != facts.table_stride or value not in (count, *strides)):
+            width = [n for n in held if n in width_nodes]
+            if width and (sliced or param != facts.table_stride or value not in width_nodes):
                 raise Unsafe("width_use", f"the table's width is passed to {name} as {param!r}, not as its row "
                                           f"stride {facts.table_stride!r}")
-        if kw.get(facts.table) is not allocation:
+        if args.get(facts.table) is not allocation:
             raise Unsafe("table_argument", f"the allocated table is not {name}'s table {facts.table!r}")
         if facts.table_stride is not None:
             stride = args.get(facts.table_stride)
-            if stride not in (count, *strides):
+            if sliced:  # the buffer's own row stride: the same for the slice at any width
+                real = example_value(allocation).stride(0)
+                if not (isinstance(stride, int) and isinstance(real, int) and stride == real):
+                    raise Unsafe("width_use", f"{name}'s {facts.table_stride!r} ({stride!r}) is not the buffer's row "
+                                              f"stride ({real})")
+            elif stride not in width_nodes:
                 raise Unsafe("width_use", f"{name}'s {facts.table_stride!r} is not the table's row stride "
                                           f"({stride!r})")
-        grid = writer.kwargs.get("grid")
-        if not isinstance(grid, (list, tuple)) or not grid or not all(
-                isinstance(g, (list, tuple)) and len(g) == 3 and _same_size(g[0], alloc.sizes[0])
-                and all(isinstance(d, int) and d == 1 for d in g[1:]) for g in grid):
-            raise Unsafe("writer_grid", f"{name} is launched on the grid {grid!r}, not (rows of the table, 1, 1): "
-                                        "its facts cover one program per row")
+        if not facts.op:
+            self.check_grid(launch, rows, grids)
+        elif grids:
+            raise Unsafe("width_use", f"the page count's block count reaches {describe_use(grids[0][2])}")
         ps = facts.page_size if isinstance(facts.page_size, int) else args.get(facts.page_size)
         if not isinstance(ps, int) or isinstance(ps, bool) or ps != page_size:
             raise Unsafe("page_size", f"{name} writes pages of {ps!r} tokens but the table's width counts pages of "
                                       f"{page_size}")
-        rows = example_value(allocation).shape[0]
-        lengths = kw.get(facts.lengths)
+        table_rows = example_value(allocation).shape[0]
+        lengths = args.get(facts.lengths)
         self.relate(writer, lengths, f"{name}'s {facts.lengths}", extra)
         inputs = []
         for label, param, ndim in (("lengths", facts.lengths, 1), ("request indices", facts.req_pool_indices, 1),
                                    ("token table", facts.req_to_token, 2)):
             if param is None:
                 continue
-            value = kw.get(param)
+            value = args.get(param)
             v = example_value(value)
             # The request indices need only be 1-D ints: program b reads entry b whatever the table's width, in the
             # step as in eager, so their length (a size Dynamo may give its own symbol) does not bear on the rewrite.
             if getattr(v, "dtype", None) not in INT_DTYPES or v.ndim != ndim or (
-                    param == facts.lengths and not _same_size(v.shape[0], rows)):
+                    param == facts.lengths and not sliced and not _rows_agree(v.shape[0], table_rows)):
                 raise Unsafe("mismatch", f"{name}'s {label} {param!r} is not an int tensor with one value per row "
                                          "of the table" if ndim == 1 else f"{name}'s {label} is not a 2-D int tensor")
             if param != facts.lengths:
                 inputs.append(value)
         self.ctx.check_no_writes(writer, inputs, "the token table or the request indices", self.first, self.disjoint)
         return facts
+
+    def check_grid(self, launch: Launch, rows, grids) -> None:
+        """(rows, 1, 1); with `pages_per_program` p, (rows, cdiv(n, p), 1) too: program (b, j) writes only pages
+        [j * p, (j + 1) * p) of row b's own, so cdiv(static width, p) programs write what cdiv(n, p) wrote."""
+        grid, facts = launch.grid, launch.facts
+        blocks = {node: ppp for _, ppp, node in grids}
+
+        def axis1_ok(d):
+            if isinstance(d, int) and not isinstance(d, bool) and d == 1:
+                return True
+            return d in blocks and facts.pages_per_program is not None and blocks[d] == facts.pages_per_program
+
+        if not isinstance(grid, (list, tuple)) or not grid or not all(
+                isinstance(g, (list, tuple)) and len(g) == 3 and _same_size(g[0], rows) and axis1_ok(g[1])
+                and isinstance(g[2], int) and g[2] == 1 for g in grid):
+            raise Unsafe("writer_grid", f"{launch.name} is launched on the grid {grid!r}, not (rows of the table, 1, "
+                                        "1) nor (rows, cdiv(width, pages_per_program), 1) of its facts: its facts "
+                                        "cover one program per row (or per block of a row's pages)")
 
     def check_outputs_keep(self, consumer, entry, table: torch.fx.Node, pages: int):
         """The consumer on fake tensors with the static-width table must return the same shapes and dtypes."""
@@ -372,7 +560,8 @@ class _Walk(HostMaxWalk):
     def plan(self, bound_source: str) -> AllocatedTablePlan:
         touches = self.shared_touches()
         for t in self.tables:
-            touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers}
+            touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers, *t.rounding,
+                        *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
@@ -384,15 +573,150 @@ def _is_table_of(alloc, count: torch.fx.Node) -> bool:
     return alloc.rank == 2 and alloc.sizes[1] is count and alloc.sizes[0] is not count
 
 
+def _slice_of(node: torch.fx.Node, count: torch.fx.Node):
+    """`buf[:B, :n]` (starts 0 or None, steps 1 or None) of a 2-D tensor with the page count as its column stop:
+    the column slice, else None."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return None
+    base, index = node.args
+    if not (isinstance(base, torch.fx.Node) and isinstance(index, tuple) and len(index) == 2
+            and all(isinstance(i, slice) and i.start in (None, 0) and i.step in (None, 1) for i in index)):
+        return None
+    rows, cols = index
+    if cols.stop is not count or rows.stop is count or rows.stop is None:
+        return None
+    return cols
+
+
+def _size_checks(user: torch.fx.Node, table: torch.fx.Node):
+    """`sym_size(table, 1)` used only by comparisons that feed only asserts: those nodes (comparisons, then their
+    asserts), else None."""
+    if not (user.op == "call_function" and user.target is SYM_SIZE and user.args[0] is table
+            and user.args[1:] in ((1,), (-1,)) and user.users):
+        return None
+    found = []
+    for compare in user.users:
+        if not (compare.op == "call_function" and compare.target in (operator.ge, operator.gt, operator.le,
+                                                                      operator.lt) and only_asserted(compare)):
+            return None
+        found += [compare, *compare.users]
+    return found
+
+
+def _constant_chain(node: torch.fx.Node):
+    """(last, total, chain): `node + c1 + c2 ...` through single uses."""
+    total, chain = 0, []
+    while len(node.users) == 1:
+        (user,) = node.users
+        add = plus_constant(user, node)
+        if add is None:
+            break
+        total, node = total + add, user
+        chain.append(user)
+    return node, total, chain
+
+
+def _times(user: torch.fx.Node, node: torch.fx.Node):
+    """k for `node * k` / `k * node` with an int k; None otherwise."""
+    if user.op != "call_function" or user.target is not operator.mul or len(user.args) != 2:
+        return None
+    a, b = user.args
+    other = b if a is node else a if b is node else None
+    return other if other is not None and other is not node and isinstance(other, int) \
+        and not isinstance(other, bool) else None
+
+
+def _round_up(count: torch.fx.Node):
+    """`(n + a) // L * K` with n's one use starting it (TRTLLM-MLA's `cdiv(blocks, lcm) * lcm`, and Dynamo's
+    `torch.sym_sum([a, n])` spelling): (result, nodes, a, L, K); None when n's use is not that shape."""
+    if len(count.users) != 1:
+        return None
+    last, add, chain = _constant_chain(count)
+    users = list(last.users)
+    if len(users) != 1:
+        return None
+    divisor = page_count(users[0], last)
+    if divisor is None or divisor < 1:
+        return None
+    checks = [u for u in users[0].users if u.op == "call_function" and u.target in (
+        operator.ge, operator.gt, operator.le, operator.lt) and only_asserted(u)]
+    rest = [u for u in users[0].users if u not in checks]
+    if len(rest) != 1:
+        return None
+    (mul,) = rest
+    factor = _times(mul, users[0])
+    if factor is None:
+        return None
+    return mul, (*chain, users[0], mul), add, divisor, factor, tuple(checks)
+
+
+def _block_count(user: torch.fx.Node, count: torch.fx.Node):
+    """`(n + p - 1) // p` used only in launch grids (SGLang's get_num_kv_index_blocks_flashmla): (nodes, p, the
+    block count), else None."""
+    add = plus_constant(user, count)
+    if add is not None:
+        last, more, chain = _constant_chain(user)
+        add, chain = add + more, [user, *chain]
+        users = list(last.users)
+    else:
+        last, add, chain, users = count, 0, [], [user]
+    if len(users) != 1:
+        return None
+    divisor = page_count(users[0], last)
+    if divisor is None or divisor < 1 or add != divisor - 1 or not users[0].users:
+        return None
+    if not all(_compat.user_triton_kernel(u) is not None and _in_grid(u, users[0]) for u in users[0].users):
+        return None
+    return (*chain, users[0]), divisor, users[0]
+
+
+def _reads_of(users, table: torch.fx.Node):
+    """(user, the table or its row view) for each later user; a view `t[:k]` / `t[:k, :]` (rows from 0, every
+    column) stands for the table it views, for each of its own users."""
+    for user in users:
+        if user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2 \
+                and user.args[0] is table and _is_row_view(user.args[1]):
+            for inner in sorted(user.users, key=lambda n: list(table.graph.nodes).index(n)):
+                yield inner, user
+            continue
+        yield user, table
+
+
+def _is_row_view(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    if not parts or len(parts) > 2 or not all(isinstance(i, slice) for i in parts):
+        return False
+    rows = parts[0]
+    cols_full = len(parts) == 1 or parts[1] == slice(None)
+    return rows.start in (None, 0) and rows.step in (None, 1) and cols_full
+
+
+def _table_users(table: torch.fx.Node):
+    """A table node's users, a row view's users in its place."""
+    return [u for u, _ in _reads_of(list(table.users), table)]
+
+
+def _width_of(count: torch.fx.Node) -> torch.fx.Node:
+    rounded = _round_up(count)
+    return rounded[0] if rounded is not None else count
+
+
 def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
-    """m (through constant adds) -> a page count -> the width of a 2-D allocation: this rule's shape."""
+    """m (through constant adds) -> a page count (rounded up or not) -> the width of a 2-D allocation, or the
+    column stop of a slice `buf[:B, :n]` that a Triton kernel or a registered bounded writer writes: this rule's
+    shape."""
     for user in node.users:
         if depth < 8 and plus_constant(user, node) is not None and _sizes_an_allocation(user, depth + 1):
             return True
         if page_count(user, node) is not None:
-            for alloc in user.users:
+            width = _width_of(user)
+            for alloc in width.users:
                 spelled = as_allocation(alloc)
-                if spelled is not None and _is_table_of(spelled, user):
+                if spelled is not None and _is_table_of(spelled, width):
+                    return True
+                if _slice_of(alloc, width) is not None and any(
+                        _compat.user_triton_kernel(w) is not None or launch_of(w) is not None
+                        for w in alloc.users):
                     return True
     return False
 
@@ -444,6 +768,18 @@ class AllocatedTableMax(HostMaxRule):
     excluded from the write check: its facts say it writes only the table), nothing else writing the table in
     between, and outputs of the same shapes with the static width (fake tensors). Columns past a row's
     cdiv(length, ps) hold the fill in both (or are unread), and no consumer reads them.
+
+    The sliced scratch `buf[:B, :n]` (FlashMLA): buf a persistent 2-D int buffer, statically at least as wide as
+    the static width W, the column slice from 0. The writer's stride is buf's own row stride (a constant), so the
+    writer and the consumers address every cell of row b exactly as in eager at any width: the widened slice
+    `buf[:B, :W]` holds the cells eager's held, the writer writes the same cells of buf (row b's first
+    cdiv(len_b, ps)), and the consumers read no further on row b with the same lengths: the stale tail of the
+    scratch is never read (SGLang's own argument, flashmla_backend.py:145). Row views `t[:B']` reaching the
+    consumers stand for the table; Dynamo's checks on the slice's width (`0 <= w <= buf.shape[1]`) hold for W.
+    The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
+    the bound's page count, at least eager's width for every m within the bound (monotone), and a multiple of L
+    as the consumer may require. Dynamo's `blocks % L != 0` branch is the tracing side's (compile_pass/tracing.py):
+    either outcome gives the same round-up.
     """
 
     name = RULE
@@ -466,8 +802,13 @@ class AllocatedTableMax(HostMaxRule):
             for stride in t.strides:
                 replace_uses(t.writer, stride, max(1, t.pages))
             replace_uses(t.writer, t.count, t.pages)
-            dead += [*t.bookkeeping, *t.strides]
-            parts.append(f"allocated table -> width {t.pages} (page_size {t.page_size}), written by {t.writer_name}")
+            for node, per_program in t.grids:
+                replace_uses(t.writer, node, ceil_div(t.pages, per_program))
+            dead += [*t.bookkeeping, *t.strides, *(node for node, _ in t.grids), *reversed(t.rounding)]
+            what = "sliced table" if t.sliced else "allocated table"
+            parts.append(f"{what} -> width {t.pages} (page_size {t.page_size}"
+                         f"{', rounded up' if t.rounding else ''}), written by {t.writer_name}"
+                         f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}")
         for consumer, node, value in plan.bounds:
             replace_uses(consumer, node, value)
             parts.append(f"upper bound -> {value}")
@@ -482,9 +823,14 @@ class AllocatedTableMax(HostMaxRule):
 
 
 def _widen(table: TablePlan) -> None:
-    """The allocation gets the static width; its example value follows (Inductor's pre-grad passes read it)."""
+    """The allocation (or the slice) gets the static width; its example value follows (Inductor's pre-grad passes
+    read it)."""
     node = table.allocation
-    node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
+    if table.sliced:
+        base, (rows, cols) = node.args
+        node.args = (base, (rows, slice(cols.start, table.pages, cols.step)))
+    else:
+        node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
     mode = fake_mode_of([node])
     if mode is not None:
         args = torch.fx.node.map_arg(node.args, example_value)

@@ -15,6 +15,7 @@ patches has_triton while Dynamo traces. Neither touches the pass.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import re
 import subprocess
@@ -103,6 +104,21 @@ if interpreting():
         tl.store(kv_indices_ptr + pid * kv_indices_ptr_stride + page, token // PAGED_SIZE, mask=page < pages)
 
     UNREGISTERED = traceable(unregistered_writer)
+
+    @triton.jit
+    def block_writer(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_indices_ptr,
+                     req_to_token_ptr_stride, kv_indices_ptr_stride, PAGED_SIZE: tl.constexpr,
+                     PAGES: tl.constexpr):
+        """SGLang's 2-D launch: program (b, j) writes pages [j * PAGES, (j + 1) * PAGES) of row b, masked by the
+        row's own page count."""
+        pid, block = tl.program_id(axis=0), tl.program_id(axis=1)
+        row = tl.load(req_pool_indices_ptr + pid).to(tl.int64)
+        pages = (tl.maximum(tl.load(page_kernel_lens_ptr + pid).to(tl.int64), 0) + PAGED_SIZE - 1) // PAGED_SIZE
+        page = block * PAGES + tl.arange(0, PAGES).to(tl.int64)
+        token = tl.load(req_to_token_ptr + row * req_to_token_ptr_stride + page * PAGED_SIZE, mask=page < pages)
+        tl.store(kv_indices_ptr + pid * kv_indices_ptr_stride + page, token // PAGED_SIZE, mask=page < pages)
+
+    BLOCK_WRITER = traceable(block_writer)
 
 
 # -- inputs -----------------------------------------------------------------------------------------------
@@ -382,3 +398,271 @@ def test_request_indices_with_their_own_symbolic_size_still_rewrite():
     sizes = [n.meta["example_value"].shape[0] for n in backend.graphs[-1].graph.nodes
              if n.op == "placeholder" and n.name in ("l_seq_lens_", "l_rpi_")]
     assert len(sizes) == 2 and all(isinstance(s, torch.SymInt) for s in sizes), sizes
+
+
+# -- an op as the bounded writer (compile_pass.register_bounded_writer with an op): no Triton needed ------------
+# SGLang's FlashMLA and TRTLLM-MLA shapes: a persistent -1 scratch sliced `buf[:bs, :n]`, and a round-up width
+# `cdiv(cdiv(m, 64), L) * L`, both filled by a writer op addressed through the table's row stride.
+_LIB = torch.library.Library("syncfree_test_writer", "DEF")
+for _name in ("block_table_writer", "undeclared_writer"):
+    _LIB.define(f"{_name}(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
+                "SymInt table_stride, int page_size) -> ()")
+
+
+def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
+    """Row b's first cdiv(lengths[b], page_size) columns, written through `table_stride` as SGLang's kernel does
+    (not clamped to the table's width: raises where a row would land past the table's storage)."""
+    room = table.untyped_storage().nbytes() // table.element_size() - table.storage_offset()
+    for b in range(lengths.shape[0]):
+        pages = -(-max(int(lengths[b]), 0) // page_size)
+        if pages > table_stride or b * table_stride + pages > room:
+            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
+        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
+        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
+
+
+for _name in ("block_table_writer", "undeclared_writer"):
+    _LIB.impl(_name, _write_rows, "CPU")
+    torch.library.register_fake(f"syncfree_test_writer::{_name}", lambda *a: None, lib=_LIB)
+WRITER = torch.ops.syncfree_test_writer.block_table_writer
+UNDECLARED = torch.ops.syncfree_test_writer.undeclared_writer
+compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
+                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
+                                     table_stride="table_stride")
+BS = 3
+OP_VECTORS = [[5, 130, 64], [512, 1, 0], [64, 65, 1], [200, 300, 511]]
+
+
+def run_op(step, vectors=OP_VECTORS, width=8, **options):
+    """The step on (inputs, a persistent -1 buffer [REQS, width]); compiled (pass-only backend) and eager on copies
+    of the same buffer: the outputs (the table's first cdiv(max, 64) columns where it is returned) and the buffer
+    after the step are equal. Returns the backend."""
+    backend = Rewriting(max_context_len=MCL, **options)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    buf_got = torch.full((REQS, width), -1, dtype=torch.int32)
+    buf_want = buf_got.clone()
+    for lengths in vectors:
+        with compile_pass._compat.capture_scalar_outputs():
+            got = compiled(*make_inputs(lengths), buf_got)
+        want = step(*make_inputs(lengths), buf_want)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for g, w in zip(got, want):
+            g = g[:, : w.shape[1]] if g.dtype == torch.int32 else g  # a returned table: at the static width
+            torch.testing.assert_close(g, w)
+        assert torch.equal(buf_got, buf_want)
+    assert len(backend.graphs) == 1, "recompiled"
+    return backend
+
+
+def scratch_step(q, k, v, r2t, rpi, seq_lens, buf):
+    m = seq_lens.max().item()
+    table = buf[: seq_lens.shape[0], : (m + PS - 1) // PS]  # FlashMLA: the grown scratch, sliced
+    WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+    return ATTN(q, k, v, table[: seq_lens.shape[0]], seq_lens.to(torch.int32)), table
+
+
+def round_up_step(q, k, v, r2t, rpi, seq_lens, buf):
+    m = seq_lens.max().item()
+    blocks = (m + PS - 1) // PS
+    blocks = (blocks + 2) // 3 * 3  # TRTLLM-MLA: padded to a multiple of the constraint (3 here, 64 in SGLang)
+    table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+    WRITER(r2t, rpi, seq_lens, table, blocks, PS)
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+def _slice_stop(backend):
+    (node,) = [n for n in backend.graphs[0].graph.nodes if n.target is operator.getitem and n.args[0].op ==
+               "placeholder" and isinstance(n.args[1], tuple)]
+    return node.args[1][1].stop
+
+
+def test_a_sliced_persistent_scratch_is_rewritten_to_the_static_width():
+    backend = run_op(scratch_step, static_escapes=True)
+    report = backend.report
+    assert not report.kept and [i.rule for i in report.rewritten] == ["allocated_table"], str(report)
+    assert "sliced table -> width 8 (page_size 64)" in report.rewritten[0].reason
+    assert _slice_stop(backend) == 8
+    assert "item" not in backend.targets()
+
+
+def test_a_sliced_scratch_wider_than_the_bound_gets_the_bound_s_width():
+    backend = run_op(scratch_step, width=11, static_escapes=True)
+    assert not backend.report.kept and _slice_stop(backend) == 8, str(backend.report)
+
+
+def test_a_round_up_page_count_is_rewritten_to_the_round_up_at_the_bound():
+    backend = run_op(round_up_step)
+    report = backend.report
+    assert not report.kept, str(report)
+    assert "allocated table -> width 9 (page_size 64, rounded up)" in report.rewritten[0].reason, str(report)
+    (alloc,) = [n for n in backend.graphs[0].graph.nodes if n.target is torch.full]
+    assert tuple(alloc.args[0]) == (BS, 9)
+    (writer,) = [n for n in backend.graphs[0].graph.nodes if n.target in (WRITER, WRITER.default)]
+    assert writer.args[4] == 9
+
+
+def test_a_length_past_the_bound_raises_with_the_sliced_scratch():
+    backend = Rewriting(max_context_len=MCL, static_escapes=True)
+    compiled = torch.compile(scratch_step, backend=backend, fullgraph=True)
+    buf = torch.full((REQS, 16), -1, dtype=torch.int32)
+    with compile_pass._compat.capture_scalar_outputs():
+        compiled(*make_inputs([5, 130, 64]), buf)
+        assert backend.report.rewritten and not backend.report.kept, str(backend.report)
+        with pytest.raises(RuntimeError, match="static bound"):
+            compiled(*make_inputs([5, 600, 64], width=1024), buf)
+
+
+# kept: each keeps eager's result (run_op compares) and says why
+def test_a_scratch_narrower_than_the_bound_keeps_the_max():
+    vectors = [[5, 130, 64], [300, 1, 0]]  # within the 6 columns eager needs
+    backend = run_op(scratch_step, vectors, width=6, static_escapes=True)
+    assert kept_codes(backend) == [("buffer_narrow", "allocated_table")], str(backend.report)
+
+
+def test_the_sliced_table_escaping_without_static_escapes_keeps_the_max():
+    assert kept_codes(run_op(scratch_step)) == [("escapes", "allocated_table")]
+
+
+def test_an_undeclared_writer_of_the_scratch_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        table = buf[: seq_lens.shape[0], : (m + PS - 1) // PS]
+        UNDECLARED(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    backend = run_op(step)
+    assert kept_codes(backend) == [("not_a_consumer", "page_table")], str(backend.report)
+
+
+def test_a_consumer_reading_other_lengths_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        table = buf[: seq_lens.shape[0], : (m + PS - 1) // PS]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        other = (seq_lens // 2).to(torch.int32)  # fewer keys: eager is fine, but not the values of the max
+        return ATTN(q, k, v, table, other)
+
+    assert kept_codes(run_op(step)) == [("lengths_differ", "allocated_table")]
+
+
+def test_a_slice_not_from_the_first_column_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        table = buf[: seq_lens.shape[0], 1: (m + PS - 1) // PS + 1]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    backend = run_op(step, width=9)  # the count is an end, but not of a table this rule takes
+    assert kept_codes(backend) == [("page_count", "page_table")], str(backend.report)
+
+
+def test_a_round_up_that_is_no_multiple_of_form_keeps_the_max():
+    def halved(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        blocks = ((m + PS - 1) // PS + 3) // 4 * 2  # half a multiple of 4: narrower than the pages of long rows
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, seq_lens, table, blocks, PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    def rounded_down(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        blocks = (m + PS - 1) // PS // 2 * 2  # a round-down: eager is fine on an even page count, the form is not
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, seq_lens, table, blocks, PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    # eager's tables are wide enough on these: at most 2 pages (halved), an even count of pages (rounded down)
+    assert kept_codes(run_op(halved, [[100, 5, 7], [128, 1, 64]])) == [("round_up", "allocated_table")]
+    # Dynamo folds it into `(m + 63) // 128 * 2`: a page count of 128 that rounds the bound down, under no rule
+    backend = run_op(rounded_down, [[100, 5, 7], [256, 130, 1]])
+    assert backend.report.kept and not backend.report.rewritten, str(backend.report)
+
+
+def test_an_op_writer_is_checked_against_its_schema():
+    with pytest.raises(ValueError, match="must write only its table"):
+        compile_pass.register_bounded_writer(UNDECLARED, table="lengths", lengths="lengths", page_size=64)
+    with pytest.raises(ValueError, match="is not a parameter"):
+        compile_pass.register_bounded_writer(UNDECLARED, table="table", lengths="seq_lens", page_size=64)
+    with pytest.raises(ValueError, match="an op owns its launch"):
+        compile_pass.register_bounded_writer(UNDECLARED, table="table", lengths="lengths", page_size=64,
+                                             pages_per_program=4)
+    from compile_pass.rules.allocated_table import facts_of
+
+    assert not any("undeclared_writer" in key for key in facts_of("allocated_table"))
+
+
+# -- a Triton writer on SGLang's 2-D grid (pages_per_program) -----------------------------------------------------
+def block_grid_step(q, k, v, r2t, rpi, seq_lens):
+    m = seq_lens.max().item()
+    n = triton.cdiv(m, PS)
+    bs = seq_lens.shape[0]
+    table = torch.full((bs, n), -1, dtype=torch.int32)
+    BLOCK_WRITER[(bs, triton.cdiv(n, 2))](r2t, rpi, seq_lens, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS,
+                                          PAGES=2)
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+@needs_interpreter
+def test_a_two_dimensional_grid_with_pages_per_program_is_rewritten():
+    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+
+    register_bounded_writer(BLOCK_WRITER, table="kv_indices_ptr", lengths="page_kernel_lens_ptr", page_size="PAGED_SIZE",
+                            req_pool_indices="req_pool_indices_ptr", req_to_token="req_to_token_ptr",
+                            table_stride="kv_indices_ptr_stride", pages_per_program=2)
+    try:
+        backend = run_pass(block_grid_step, VECTORS)
+        assert not backend.report.kept, str(backend.report)
+        (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
+        assert writer.kwargs["grid"] == [(3, 4, 1)]  # cdiv(8 pages, 2 per program)
+    finally:
+        unregister_bounded_writer(BLOCK_WRITER)
+
+
+@needs_interpreter
+def test_a_two_dimensional_grid_without_pages_per_program_keeps_the_max():
+    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+
+    register_bounded_writer(BLOCK_WRITER, table="kv_indices_ptr", lengths="page_kernel_lens_ptr", page_size="PAGED_SIZE",
+                            req_pool_indices="req_pool_indices_ptr", req_to_token="req_to_token_ptr",
+                            table_stride="kv_indices_ptr_stride")
+    try:
+        assert kept_codes(run_pass(block_grid_step, VECTORS[:2])) == [("writer_grid", "allocated_table")]
+    finally:
+        unregister_bounded_writer(BLOCK_WRITER)
+
+
+@needs_interpreter
+def test_the_sliced_scratch_filled_by_a_triton_writer_is_rewritten():
+    """FlashMLA's scratch with the Triton writer (its stride the scratch's own, a constant Dynamo keeps among the
+    kernel's constant arguments), as engine_steps_gpu.py's flashmla_scratch step runs it on a GPU."""
+    def step(q, k, v, r2t, rpi, seq_lens, buf):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        table = buf[:bs, : triton.cdiv(m, PS)]
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), table.stride(0), PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+    with dynamo_sees_triton():
+        backend = run_op(step, width=10)
+    assert not backend.report.kept and "sliced table -> width 8" in backend.report.rewritten[0].reason, \
+        str(backend.report)
+    assert _slice_stop(backend) == 8
+
+
+@needs_interpreter
+def test_a_round_up_table_filled_by_a_triton_writer_is_rewritten():
+    """TRTLLM-MLA's padded width with the Triton writer, the width itself passed as its row stride, as
+    engine_steps_gpu.py's trtllm_round_up step runs it on a GPU."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        blocks = triton.cdiv(triton.cdiv(m, PS), 3) * 3
+        table = torch.full((bs, blocks), -1, dtype=torch.int32)
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), blocks, PAGED_SIZE=PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+    backend = run_pass(step, VECTORS)
+    assert not backend.report.kept and "width 9 (page_size 64, rounded up)" in backend.report.rewritten[0].reason, \
+        str(backend.report)
+    (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
+    assert writer.kwargs["kwargs"]["kv_indices_ptr_stride"] == 9

@@ -14,21 +14,23 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | path | status | reason | what it costs a user | what they can do |
 |---|---|---|---|---|
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
-| flashmla_{decode,draft_extend}_mirror | kept (`not_a_consumer`) | traced as one graph: the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value; the page count then slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), which the page-table rule reads as a page-level table reaching the writer, and the allocated-table rule has no grow-on-demand form yet | a host read of the mirror (no device sync), one graph per batch size | do not publish seq_lens_cpu for FlashMLA (its default) |
-| flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound, kept (the grown scratch is stored on the backend), traced again without | a host read, a break per step | do not publish the mirror |
+| flashmla_decode_mirror | **rewritten** | the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value once the warm-up grew the scratch to the bound's 4 pages; the page count slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), filled by the block-table writer (registered here with compile_pass.register_bounded_writer; its stride is the scratch's own) and read by the FlashMLA kernel by the same lengths (the mirror's device twin): allocated table rule, the slice widened to 4 pages, the stored table at that width (`static_escapes`); one graph per batch size (the static one, then a dynamic one), the host read gone | nothing | `static_escapes=True`, the writer's and the kernel's facts |
+| flashmla_draft_extend_mirror | kept (`lengths_differ`) | reaches the pass as decode does, but the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236), not the max's values + k: nothing says `extend_seq_lens >= 0` | a host read of the mirror (no device sync), one graph per batch size | (a rule gap: a relation for `x - y + c` with `y >= 0` asserted) |
+| flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound (a fresh 5-wide scratch, stored on the backend), kept: the table is then a slice of a fresh allocation `torch.full((rows, max(n, 4)), -1)`, not of a persistent buffer (and, rewritten, the outcome traced, m >= 253, would be asserted on the device: every shorter step would raise), so it is traced again without | a host read, a break per step | do not publish the mirror |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_{verify,draft_extend}, static or not | kept (`lengths_differ`) | the max is over `seq_lens_cpu[:bs] + 4` (:343) and the kernel's lengths are `seq_lens.to(int32)`: not related by the rule | a host read of the mirror per replay | (a rule gap) |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
-| trtllm_mla_{decode,draft_extend}_mirror | graph_break | `if blocks % constraint_lcm != 0` (trtllm_mla_backend.py:355, False only at m = 0): traced at the bound's outcome, the pass keeps the max (a round-up page count the allocated-table rule does not take), so the frame is traced again without the assumption and Dynamo breaks there | a host read, a graph break per step | do not publish seq_lens_cpu (its default) |
-| trtllm_mla_verify_mirror | kept (`page_count`) | `cdiv(m + 4, 64) >= 1`: the branch holds for every value in the range, one graph; the padded page count reaches arithmetic the rule does not take | a host read of the mirror | (the allocated-table rule, issue 30 item 2) |
+| trtllm_mla_{decode,verify}_mirror | **rewritten** | `_calc_padded_blocks` (trtllm_mla_backend.py:340): `if blocks % constraint_lcm != 0` (:355) is traced at the bound's outcome (True; False only at m = 0, asserted on the device), verify's `cdiv(m + 4, 64) >= 1` needs no assumption; the round-up `cdiv(cdiv(m [+ 4], 64), 64) * 64` (Dynamo: `torch.sym_sum([63, m])`) sizes `torch.full((bs, blocks), -1)`, filled by the registered writer with that width as its stride, read by the TRTLLM kernel (`max_seq_len` an upper bound): allocated table rule, width 64 (the round-up of the bound's 4 pages), `max_seq_len` 256 (verify 264), the stored table and `max_seq_len_k` at the static values (`static_escapes`); one graph per batch size | nothing | `static_escapes=True`, the writer's and the kernel's facts |
+| trtllm_mla_draft_extend_mirror | graph_break | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862): not related to the max, kept (`lengths_differ`) at the bound's outcome of :355, so the frame is traced again without it and Dynamo breaks there | a host read, a break per step | do not publish the mirror (a rule gap, as for FlashMLA's draft extend) |
 
-No path here reaches the allocated_table rule: where a max sizes the table (mirror published), SGLang branches on
-it first (the two lines above), stores the table on the backend (flashmla_backend.py:155 and the metadata;
-trtllm_mla_backend.py:902, `forward_batch.decode_trtllm_mla_metadata`), and launches
-create_flashmla_kv_indices_triton with `kv_indices_ptr_stride: tl.constexpr` (kv_indices.py:201) on a grid
-whose second axis is the width's block count (flashmla_backend.py:178, trtllm_mla_backend.py:462); the rule
-needs a non-constexpr stride and a (rows, 1, 1) grid, and it keeps a table that escapes.
+The allocated-table rule takes the eager mirror paths above: FlashMLA's grown scratch (a slice of a persistent
+buffer) and TRTLLM-MLA's round-up page count, both stored on the backend (`static_escapes`). The writer here is
+the stand-in op of create_flashmla_kv_indices_triton, registered as an op writer. On a GPU, SGLang launches the
+Triton kernel itself on a 2-D grid `(bs, get_num_kv_index_blocks_flashmla(width, 64))` with
+`kv_indices_ptr_stride: tl.constexpr` (kv_indices.py:201): the grid is covered by `pages_per_program` (its
+programs past a row's pages write nothing, kv_indices.py:228), and FlashMLA's constexpr stride is the scratch's
+own, a constant; TRTLLM-MLA's is the dynamic width itself, which Dynamo cannot specialise (a Dynamo limit).
 
 Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style) for all but
 flashmla_replay_decode_static and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
@@ -72,15 +74,19 @@ EXPECTED = {
     "flashmla_verify": ("nothing", None),
     "flashmla_draft_extend": ("nothing", None),
     # the backend gives the mirror's max its range [0, max_context_len] while Dynamo traces: the grow-on-demand
-    # branch (flashmla_backend.py:151) is False for every such value and no longer breaks; the pass then keeps the
-    # max, since the page count slices a persistent scratch table filled by the writer (not a consumer): the
-    # allocated-table rule's grow-on-demand form (issue 30, item 2) is not there yet
-    "flashmla_decode_mirror": ("kept", "not_a_consumer"),
+    # branch (flashmla_backend.py:151) is False for every such value and no longer breaks; the page count slices
+    # the persistent scratch `buf[:bs, :n]` (4 wide after the warm-up), filled by the registered block-table
+    # writer and read by the FlashMLA kernel: the slice gets the bound's 4 pages (allocated-table rule, its
+    # persistent-scratch form), and the stored table leaves at that width (static_escapes)
+    "flashmla_decode_mirror": ("rewritten", "sliced table -> width 4 (page_size 64)"),
     # verify sizes by cdiv(m + 4, 64): up to 5 pages within the bound, and the scratch the eager warm-up grew is 4
-    # wide, so the grow branch differs inside the range: traced at the bound (grown), kept (the grown scratch is
-    # stored on the backend), traced again without: the break
+    # wide, so the grow branch differs inside the range: traced at the bound (grown: a fresh 5-wide scratch
+    # stored on the backend), which holds only for m >= 253 (the outcome would be asserted on the device), kept,
+    # traced again without: the break
     "flashmla_verify_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
-    "flashmla_draft_extend_mirror": ("kept", "not_a_consumer"),
+    # the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236): not related to the max over seq_lens_cpu
+    # by the rule (nothing says extend_seq_lens >= 0)
+    "flashmla_draft_extend_mirror": ("kept", "lengths_differ"),
     # automatic dynamic: the first batch size's static graph is rewritten, the dynamic graph after it is kept (the
     # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
     "flashmla_replay_decode": ("kept", "lengths_differ"),
@@ -94,11 +100,15 @@ EXPECTED = {
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
     "trtllm_mla_draft_extend": ("nothing", None),
-    # traced at the bound's outcome of `blocks % lcm != 0`, kept by the pass (a round-up page count the
-    # allocated-table rule does not take), traced again without the assumption: the break, as before
-    "trtllm_mla_decode_mirror": ("graph_break", (TRTLLM_BRANCH,)),
-    # verify pads cdiv(m + 4, 64) >= 1 block: `blocks % lcm != 0` holds for every value, one graph; kept (page_count)
-    "trtllm_mla_verify_mirror": ("kept", "page_count"),
+    # traced at the bound's outcome of `blocks % lcm != 0` (True but at m = 0; asserted on the device): the round-up
+    # count `cdiv(cdiv(m, 64), 64) * 64` sizes `torch.full((bs, n), -1)` filled by the registered writer with the
+    # width as its row stride: rewritten to the round-up at the bound (64), the max_seq_len bound 256, the
+    # stored table and max_seq_len_k at the static values (static_escapes)
+    "trtllm_mla_decode_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
+    # verify pads cdiv(m + 4, 64) >= 1 block: `blocks % lcm != 0` holds for every value, one graph; rewritten too
+    "trtllm_mla_verify_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
+    # the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862): not related to the
+    # max (kept, lengths_differ), so the frame is traced again without the bound's outcome: the break, as before
     "trtllm_mla_draft_extend_mirror": ("graph_break", (TRTLLM_BRANCH,)),
 }
 NEEDS_RULE: dict = {}
@@ -109,6 +119,14 @@ CONSUMERS = (
     ("flashinfer_standin::trtllm_batch_decode_mla",
      dict(page_table="block_tables", lengths="seq_lens", upper_bounds=("max_seq_len",), page_size_of=("kv_cache", 2))),
 )
+# The block-table writer both backends launch (create_flashmla_kv_indices_triton, through its stand-in op): row b's
+# first cdiv(page_kernel_lens[b], paged_size) columns of kv_indices, addressed through kv_indices_stride, nothing
+# else. Registered as a user would, through compile_pass.register_bounded_writer.
+WRITERS = (
+    ("sglang_standin::create_flashmla_kv_indices",
+     dict(table="kv_indices", lengths="page_kernel_lens", page_size="paged_size", req_pool_indices="req_pool_indices",
+          req_to_token="req_to_token", table_stride="kv_indices_stride")),
+)
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +136,13 @@ def mla_backends(sglang_fa3):
 
     for op, facts in CONSUMERS:
         compile_pass.register_self_guarding_consumer(op, **facts)
+    for op, facts in WRITERS:
+        compile_pass.register_bounded_writer(op, **facts)
     yield
     for op, _ in CONSUMERS:
         compile_pass.unregister_self_guarding_consumer(op)
+    for op, _ in WRITERS:
+        compile_pass.unregister_bounded_writer(op)
 
 
 outcome = B.Outcomes(PATHS, EXPECTED)
@@ -227,29 +249,62 @@ def test_block_table_writer_stand_in(mla_backends):
 
 def test_the_grow_on_demand_branch_no_longer_breaks_the_graph(mla_backends):
     """Issue 30: with the range given while Dynamo traces, FlashMLA's eager metadata with the mirror published is one
-    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass (decode, and draft
-    extend, whose warm-up grew the scratch to the bound's width)."""
-    for mode in ("decode", "draft_extend"):
-        result = outcome(f"flashmla_{mode}_mirror")
-        assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
-        kept = [i for r in result.reports for i in r.kept]
-        assert kept and all(i.location == "flashmla_backend.py:164" and not i.host_sync for i in kept), \
-            B.shown(result)
+    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass: decode rewritten (the
+    host read gone from both graphs), draft extend kept (its lengths are not the max's values)."""
+    result = outcome("flashmla_decode_mirror")
+    assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
+    assert all(not r.kept and len(r.rewritten) == 1 and r.rewritten[0].location == "flashmla_backend.py:164"
+               for r in result.reports), B.shown(result)
+    result = outcome("flashmla_draft_extend_mirror")
+    assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
+    kept = [i for r in result.reports for i in r.kept]
+    assert kept and all(i.location == "flashmla_backend.py:164" and not i.host_sync for i in kept), B.shown(result)
+
+
+def _past_the_bound(name, device_too):
+    """The path compiled after an eager warm-up at the bound (the scratch grown to the bound's width), one step run,
+    then a step whose mirror (and, with `device_too`, its device twin) lies past max_context_len."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS[name])
+    engine = B.Engine(path)
+    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
+    step, reports = B.compile_step(path, engine.step)
+    fb, hidden = engine.make_batch([100, 7], seed=0)
+    step(fb, hidden)
+    fb, hidden = engine.make_batch([100, 7], seed=1)
+    fb.seq_lens_cpu = fb.seq_lens_cpu + B.MAX_CONTEXT  # the mirror past the bound
+    if device_too:
+        fb.seq_lens = fb.seq_lens + B.MAX_CONTEXT
+    return step, fb, hidden, reports
 
 
 def test_a_kept_mirror_max_past_the_bound_raises(mla_backends):
     """The range the max was traced with is checked again on the host where the pass keeps the max: a length past
     max_context_len raises instead of running a graph traced for lengths within it."""
-    import dataclasses
-
-    torch._dynamo.reset()
-    path = dataclasses.replace(PATHS["flashmla_decode_mirror"])
-    engine = B.Engine(path)
-    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
-    step, _ = B.compile_step(path, engine.step)
-    fb, hidden = engine.make_batch([100, 7], seed=0)
-    step(fb, hidden)
-    fb, hidden = engine.make_batch([100, 7], seed=1)
-    fb.seq_lens_cpu = fb.seq_lens_cpu + B.MAX_CONTEXT  # the mirror past the bound (only the host read sees it)
+    step, fb, hidden, reports = _past_the_bound("flashmla_draft_extend_mirror", device_too=False)
+    assert [i.reason_code for r in reports() for i in r.kept] == ["lengths_differ"]
     with pytest.raises(RuntimeError, match="exceeds max_context_len=256"):
         step(fb, hidden)
+
+
+@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "trtllm_mla_decode_mirror"])
+def test_a_rewritten_mirror_max_past_the_bound_raises(mla_backends, name):
+    """Where the pass rewrote the mirror's max, the host read is gone: checked=True asserts on the device that every
+    length (the mirror's device twin) lies within the bound that replaced the max, before the writer reads them."""
+    step, fb, hidden, reports = _past_the_bound(name, device_too=True)
+    assert all(r.rewritten and not r.kept for r in reports()), "\n".join(map(str, reports()))
+    with pytest.raises(RuntimeError, match="exceeds the static bound that replaced its max"):
+        step(fb, hidden)
+
+
+@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "trtllm_mla_decode_mirror", "trtllm_mla_verify_mirror"])
+def test_a_rewritten_mirror_path_equals_eager_over_many_lengths(mla_backends, name):
+    """The rewritten mirror paths over 8 random length vectors and 4 batch sizes (3, 2, 4, 1: a static graph, then
+    a dynamic one): every step equal to eager (run_path compares each), the host read gone from every graph."""
+    torch._dynamo.reset()
+    result = B.run_path(PATHS[name], vectors=8)
+    assert len(result.errors) == 8 and max(result.errors) <= 1e-5
+    assert result.graph_breaks == [] and result.reports and all(
+        r.rewritten and not r.kept and r.syncs_remaining == 0 for r in result.reports), B.shown(result)

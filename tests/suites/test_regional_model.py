@@ -63,7 +63,12 @@ def test_regional_dynamo_traces_one_body_per_region():
 
 
 @pytest.mark.inductor
-def test_regional_compiled_through_the_backend_matches_eager():
+def test_regional_compiled_through_the_backend_matches_eager(monkeypatch):
+    from compile_pass import backend
+
+    passes = []
+    run_sync_pass = backend.run_sync_pass
+    monkeypatch.setattr(backend, "run_sync_pass", lambda gm, opts: passes.append(1) or run_sync_pass(gm, opts))
     _, plain, config, regional = _models()
     (k0, v0), (k1, v1) = _pools(plain), _pools(regional)
 
@@ -84,6 +89,45 @@ def test_regional_compiled_through_the_backend_matches_eager():
             assert report.post_grad["local_scalar_dense"] == 0 and report.post_grad["unbacked_symbols"] == []
             assert codes and host_reads_in_code(codes) == 0
     assert len(compile_pass.reports(compiled)) == 1  # one graph for every length
+    # no branch decides the max, so it gets no range while Dynamo traces: Dynamo hands the regions the width
+    # symbol, the pass rewrites the max on the first trace, and the frame is traced once (no Retrace)
+    assert len(passes) == 1
+
+
+@pytest.mark.inductor
+def test_regional_with_a_kv_tensor_per_layer_is_the_stacked_pool_and_one_body_per_region():
+    """new_kv_pool(per_layer=True): the same numbers and the same KV writes as the stacked pool; every layer's
+    call of a region has inputs of the same metadata (offset 0), so Dynamo installs one body per region, and
+    the step compiles through the backend with the max rewritten."""
+    _, plain, config, regional = _models()
+    k0, v0 = _pools(plain)
+    ks, vs = regional.new_kv_pool(per_layer=True)
+    for i in range(config.layers):
+        ks[i].copy_(k0[i:i + 1])
+        vs[i].copy_(v0[i:i + 1])
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    fb = make_batch(config, [5, 9])
+    with capture_scalar_outputs():
+        torch.compile(lambda fb: regional(fb, [k.clone() for k in ks], [v.clone() for v in vs]), backend=capture,
+                      fullgraph=True)(fb)
+    calls, bodies = _region_calls(seen[-1].graph)
+    assert len(calls) == 2 * config.layers and len(bodies) == 2, (len(calls), bodies)
+    compiled = compile_pass.compile(lambda fb: regional(fb, ks, vs), max_context_len=config.max_context_len,
+                                    fullgraph=True)
+    for lengths in LENGTHS:
+        fb = make_batch(config, lengths)
+        expect = plain(fb, k0, v0)
+        torch.testing.assert_close(compiled(fb), expect, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.cat(ks), k0)
+        torch.testing.assert_close(torch.cat(vs), v0)
+    assert compile_pass.last_report().rewritten
+    with pytest.raises(ValueError, match="per_layer=True"):
+        plain.new_kv_pool(per_layer=True)
 
 
 def test_regional_mode_needs_one_rank_and_paged_decode():
