@@ -628,16 +628,20 @@ def unsupported(what: str, explanation: str):
         unimplemented(f"{what}: {explanation}")  # type: ignore[call-arg]
 
 
-def on_user_class_call(hook) -> None:
+def on_user_class_call(hook) -> bool:
     """Call `hook(tx, cls, args, kwargs)` where Dynamo traces a call of a user-defined class `cls` (construction);
     `args`/`kwargs` are Dynamo's VariableTrackers. It returns a VariableTracker for the new object, or None
-    (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function."""
-    from torch._dynamo.variables.user_defined import UserDefinedClassVariable
+    (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function; returns False
+    (nothing installed: Dynamo breaks there as without it) on a torch without that class."""
+    try:
+        from torch._dynamo.variables.user_defined import UserDefinedClassVariable
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
 
     if hook not in _CLASS_CALL_HOOKS:
         _CLASS_CALL_HOOKS.append(hook)
     if getattr(UserDefinedClassVariable.call_function, "_syncfree_class_hook", False):
-        return
+        return True
     original = UserDefinedClassVariable.call_function
 
     def call_function(self, tx, args, kwargs):
@@ -651,19 +655,23 @@ def on_user_class_call(hook) -> None:
 
     call_function._syncfree_class_hook = True  # type: ignore[attr-defined]
     UserDefinedClassVariable.call_function = call_function
+    return True
 
 
-def on_disabled_call(hook) -> None:
+def on_disabled_call(hook) -> bool:
     """Call `hook(tx, fn, args, kwargs)` where Dynamo would skip a call of a torch.compiler.disable()d function
     (a graph break): `fn` is the function the wrapper disables. It returns the VariableTracker of the call's
     result (having traced something in its place), or None (the break stands). Installed once, around
-    SkipFunctionVariable.call_function."""
-    from torch._dynamo.variables.functions import SkipFunctionVariable
+    SkipFunctionVariable.call_function; returns False (nothing installed) on a torch without that class."""
+    try:
+        from torch._dynamo.variables.functions import SkipFunctionVariable
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
 
     if hook not in _DISABLED_CALL_HOOKS:
         _DISABLED_CALL_HOOKS.append(hook)
     if getattr(SkipFunctionVariable.call_function, "_syncfree_disabled_hook", False):
-        return
+        return True
     original = SkipFunctionVariable.call_function
 
     def call_function(self, tx, args, kwargs):
@@ -678,6 +686,7 @@ def on_disabled_call(hook) -> None:
 
     call_function._syncfree_disabled_hook = True  # type: ignore[attr-defined]
     SkipFunctionVariable.call_function = call_function
+    return True
 
 
 def disabled_target(fn):

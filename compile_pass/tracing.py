@@ -516,7 +516,10 @@ def _on_class_call(tx, cls, args, kwargs):
         fields, why = _struct_fields(cls, args, kwargs)
     if why is not None:
         _compat.unsupported(f"{STRUCT_REFUSED} ({cls.__qualname__})", f"{cls.__qualname__} cannot be traced as a plain container: {why}")
-    return _compat.struct_variable(cls, fields)
+    try:
+        return _compat.struct_variable(cls, fields)
+    except (ImportError, AttributeError):  # a torch whose Dynamo lacks what the model needs: break as before
+        return None
 
 
 # -- registered torch.compiler.disable()d launchers ------------------------------------------------------------

@@ -313,7 +313,7 @@ def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as
             return _compat.struct_variable(cls, {"a": args[0], "b": args[1]})
         return None
 
-    _compat.on_user_class_call(hook)
+    assert _compat.on_user_class_call(hook) is True
     try:
         def fn(x):
             p = Pair(x + 1, 3)
@@ -341,7 +341,7 @@ def test_on_disabled_call_traces_what_the_hook_returns_in_place_of_the_break():
         assert known and value == 3 and _compat.is_tensor_variable(args[0])
         return _compat.trace_call(tx, torch.mul, [args[0], _compat.constant_variable(2)], {})
 
-    _compat.on_disabled_call(hook)
+    assert _compat.on_disabled_call(hook) is True
     try:
         def fn(x):
             return wrapped(x + 1, 3) - 1
