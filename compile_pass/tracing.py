@@ -638,8 +638,25 @@ def _on_disabled_call(tx, fn, args, kwargs):
             vt = bound.arguments[argument.name]
         else:
             vt = _compat.constant_variable(signature.parameters[argument.name].default)
+        if not _fits(argument, vt):
+            _compat.unsupported(f"{LAUNCHER_REFUSED} ({argument.name}=)",
+                                f"{fn.__qualname__} is called with {argument.name}= of a kind its op's schema "
+                                f"does not take ({argument.type})")
         (keywords.__setitem__(argument.name, vt) if argument.kwarg_only else positional.append(vt))
     return _compat.trace_call(tx, packet, positional, keywords)
+
+
+def _fits(argument, vt) -> bool:
+    """Does the traced value `vt` fit the schema argument's kind (a tensor for a tensor, None only where
+    optional, no tensor for a scalar)? torch checks the rest when the op is traced."""
+    text = str(argument.type)
+    optional = text.startswith("Optional[")
+    known, value = _compat.constant_of(vt)
+    if known and value is None:
+        return optional
+    if text in ("Tensor", "Optional[Tensor]"):
+        return _compat.is_tensor_variable(vt)
+    return not _compat.is_tensor_variable(vt)
 
 
 def _same_default(value, default) -> bool:

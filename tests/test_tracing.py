@@ -398,6 +398,19 @@ def test_a_launcher_call_with_an_argument_the_op_does_not_take_breaks_and_the_re
     assert any(n.startswith("test_tracing.py:") and "add that argument to the op's schema" in n for n in notes)
 
 
+def _scale_tensor_step(x):
+    out = torch.empty_like(x)
+    KERNELS.launch(x + 1, out, torch.tensor(2.0))
+    return out * 3
+
+
+def test_a_launcher_call_with_an_argument_of_another_kind_breaks_and_the_report_names_it(launcher):
+    """scale is a float in the schema: a tensor there is not traced as the op (the break stands, eager runs)."""
+    got, breaks, _ = _one_graph(_scale_tensor_step, torch.ones(3))
+    torch.testing.assert_close(got, _scale_tensor_step(torch.ones(3)))
+    assert any(tracing.LAUNCHER_REFUSED + " (scale=)" in b for b in breaks), breaks
+
+
 def test_an_unregistered_launcher_still_breaks(launcher):
     compile_pass.unregister_disabled_launcher(KERNELS.launch)  # the wrapper names the same launcher
     _, breaks, _ = _one_graph(_launch_step, torch.ones(3))
