@@ -290,6 +290,30 @@ def test_a_frozen_kw_only_tagged_array_like_struct_is_traced_and_setting_a_field
         compile_pass.compile(write, max_context_len=16)(torch.ones(2))
 
 
+class Counter(_Struct):
+    ids: torch.Tensor
+    n: int
+
+    def bump(self):
+        self.n += 1
+
+
+@needs_msgspec
+def test_setting_a_field_of_a_mutable_struct_breaks_there_and_equals_eager():
+    """A field set (directly, through an alias, or in a method) is not modelled: the graph breaks there, Python
+    sets it on the object built from the fields, and what follows reads the new value, as in eager."""
+    def step(x):
+        t = Counter(x, 1)
+        alias = t
+        alias.n = 5
+        t.bump()
+        return t.ids * t.n, t, alias
+
+    got, breaks, _ = _one_graph(step, torch.ones(2))
+    torch.testing.assert_close(got[0], torch.full((2,), 6.0))
+    assert got[1] is got[2] and got[1].n == 6 and breaks
+
+
 @needs_msgspec
 def test_a_struct_used_across_a_graph_break_is_the_same_object():
     def step(x):
