@@ -408,6 +408,12 @@ def run_case(name, device, batches, count, replays):
         problems.append(f"{reads} host reads in Inductor's code")
     if cuda and skipped:
         problems.append(f"cudagraphs skipped: {skipped[:2]}")
+    if cuda and any(" 0 cudagraphable" in p or "non-cudagraphable" in p and not p.endswith(" 0 non-cudagraphable")
+                    for p in partitions):
+        # one partition is not enough: it must be one CUDA graph (the backend turns CUDA graphs off for a graph
+        # that still holds a data-dependent size, and says so in the report's notes)
+        notes = sorted({n for r in reports for n in r.notes if "cudagraphs" in n})
+        problems.append(f"a partition is not cudagraphable: {partitions[:2]} {notes[:1]}")
     result = dict(step=name, options={k: v for k, v in options.items()}, status=status, rules=rules,
                   reasons=[i.reason for i in merged.rewritten + merged.kept], vectors=rows,
                   partitions=partitions, cudagraph_skips=int(counters["inductor"]["cudagraph_skips"]),
