@@ -271,7 +271,7 @@ def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]
     erased = 0
     for user in list(node.users):
         if user.op == "call_function" and user.target in ASSERTS and len(user.args) > 1 \
-                and any(f"expression {t} on node" in str(user.args[1]) for t in texts):
+                and any(f"expression {_spelled(t)} on node" in _spelled(str(user.args[1])) for t in texts):
             graph.erase_node(user)
             erased += 1
         elif user.op == "call_function":
@@ -279,6 +279,12 @@ def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]
     if erased and not node.users and node.op == "call_function" and not _is_item(node):
         graph.erase_node(node)
     return erased
+
+
+def _spelled(text: str) -> str:
+    """A guard's text as either of its spellings: Dynamo records one condition as `PythonMod` before the range
+    is known and as `Mod` after (the same value for the non-negative operands the range gives)."""
+    return text.replace("PythonMod(", "Mod(")
 
 
 def _is_item(node: torch.fx.Node) -> bool:
