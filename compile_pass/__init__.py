@@ -54,6 +54,7 @@ if not _LIGHT:
     from .rules.flat_kv_indices import register_indptr_reader, register_indptr_writer, unregister_flat_kv_facts
     from .rules.indptr_bound import register_indptr_bound_consumer, unregister_indptr_bound_consumer
     from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
+    from .tracing import register_disabled_launcher, registered_launchers, unregister_disabled_launcher
 
     from .log import register_with_torch as _register_log
 
@@ -74,6 +75,9 @@ __all__ = [
     "unregister_flat_kv_facts",
     "register_bounded_writer",
     "unregister_bounded_writer",
+    "register_disabled_launcher",
+    "unregister_disabled_launcher",
+    "registered_launchers",
     "SelfGuardingConsumer",
     "SyncItem",
     "SyncRemainsError",

@@ -608,3 +608,201 @@ def discard_graph_breaks(since: int) -> None:
     except ImportError:
         return
     del reasons[since:]
+
+
+# -- constructs that break the trace before any max (issue 30, item 3) ----------------------------------------
+# A msgspec.Struct built while Dynamo traces (Dynamo cannot allocate it: object.__new__ refuses an extension type),
+# and a torch.compiler.disable()d kernel launcher that the user registered with the schema of the op it is.
+# compile_pass.tracing decides what is modelled; here is only how Dynamo is told. Tested in tests/test_compat.py.
+_CLASS_CALL_HOOKS: list = []
+_DISABLED_CALL_HOOKS: list = []
+
+
+def unsupported(what: str, explanation: str):
+    """Make Dynamo break the graph here, as it does at what it cannot trace, with `what` as the break's type."""
+    from torch._dynamo.exc import unimplemented
+
+    try:
+        unimplemented(gb_type=what, context="", explanation=explanation, hints=[])
+    except TypeError:  # pragma: no cover - a torch whose unimplemented() takes a message
+        unimplemented(f"{what}: {explanation}")  # type: ignore[call-arg]
+
+
+def on_user_class_call(hook) -> bool:
+    """Call `hook(tx, cls, args, kwargs)` where Dynamo traces a call of a user-defined class `cls` (construction);
+    `args`/`kwargs` are Dynamo's VariableTrackers. It returns a VariableTracker for the new object, or None
+    (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function; returns False
+    (nothing installed: Dynamo breaks there as without it) on a torch without that class."""
+    try:
+        from torch._dynamo.variables.user_defined import UserDefinedClassVariable
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+
+    if hook not in _CLASS_CALL_HOOKS:
+        _CLASS_CALL_HOOKS.append(hook)
+    if getattr(UserDefinedClassVariable.call_function, "_syncfree_class_hook", False):
+        return True
+    original = UserDefinedClassVariable.call_function
+
+    def call_function(self, tx, args, kwargs):
+        cls = getattr(self, "value", None)
+        if isinstance(cls, type):
+            for each in list(_CLASS_CALL_HOOKS):
+                made = each(tx, cls, list(args), dict(kwargs))
+                if made is not None:
+                    return made
+        return original(self, tx, args, kwargs)
+
+    call_function._syncfree_class_hook = True  # type: ignore[attr-defined]
+    UserDefinedClassVariable.call_function = call_function
+    return True
+
+
+def on_disabled_call(hook) -> bool:
+    """Call `hook(tx, fn, args, kwargs)` where Dynamo would skip a call of a torch.compiler.disable()d function
+    (a graph break): `fn` is the function the wrapper disables. It returns the VariableTracker of the call's
+    result (having traced something in its place), or None (the break stands). Installed once, around
+    SkipFunctionVariable.call_function; returns False (nothing installed) on a torch without that class."""
+    try:
+        from torch._dynamo.variables.functions import SkipFunctionVariable
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+
+    if hook not in _DISABLED_CALL_HOOKS:
+        _DISABLED_CALL_HOOKS.append(hook)
+    if getattr(SkipFunctionVariable.call_function, "_syncfree_disabled_hook", False):
+        return True
+    original = SkipFunctionVariable.call_function
+
+    def call_function(self, tx, args, kwargs):
+        wrapper = getattr(self, "value", None)
+        inner = disabled_target(wrapper)
+        if inner is not None:
+            for each in list(_DISABLED_CALL_HOOKS):
+                made = each(tx, inner, list(args), dict(kwargs))
+                if made is not None:
+                    return made
+        return original(self, tx, args, kwargs)
+
+    call_function._syncfree_disabled_hook = True  # type: ignore[attr-defined]
+    SkipFunctionVariable.call_function = call_function
+    return True
+
+
+def disabled_target(fn):
+    """The function a torch.compiler.disable() wrapper calls, or None when `fn` is not such a wrapper."""
+    import inspect
+
+    if not inspect.getattr_static(fn, "_torchdynamo_disable", False):
+        return None
+    return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+
+
+def constant_of(vt) -> tuple[bool, Any]:
+    """(True, value) when Dynamo's VariableTracker `vt` is a Python constant (guarded where it has a source),
+    else (False, None)."""
+    try:
+        if vt.is_python_constant():
+            return True, vt.as_python_constant()
+    except Exception:  # noqa: BLE001  (a VariableTracker that cannot say)
+        pass
+    return False, None
+
+
+def is_tensor_variable(vt) -> bool:
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable)
+
+
+def constant_variable(value):
+    from torch._dynamo.variables import ConstantVariable
+
+    return ConstantVariable.create(value)
+
+
+def trace_call(tx, fn, args: list, kwargs: dict):
+    """Trace a call of `fn` (a torch op, or a Python function Dynamo inlines) with these VariableTrackers."""
+    from torch._dynamo.variables.builder import SourcelessBuilder
+
+    return SourcelessBuilder.create(tx, fn).call_function(tx, list(args), dict(kwargs))
+
+
+def build_struct(cls, names: tuple, *values):
+    """`cls(**dict(zip(names, values)))`: how a Struct modelled while tracing is built when it leaves the graph."""
+    return cls(**dict(zip(names, values)))
+
+
+_STRUCT_VARIABLE: list = []
+
+
+def struct_variable(cls, fields: dict):
+    """A Dynamo VariableTracker for a new instance of the msgspec.Struct class `cls` with these field values
+    (VariableTrackers, every field given): the plain attribute container a Struct is. Reading a field gives its
+    value; a method or property of the class is inlined with this object as `self`; anything else (setting an
+    attribute, comparing, hashing, ...) breaks the graph, where Dynamo builds the object with
+    `cls(**fields)` and Python runs the rest. Dynamo builds it that way wherever it leaves the graph, once per
+    object (a value used twice is kept in a temporary)."""
+    if not _STRUCT_VARIABLE:
+        _STRUCT_VARIABLE.append(_make_struct_variable_class())
+    return _STRUCT_VARIABLE[0](cls, dict(fields))
+
+
+def _make_struct_variable_class():
+    import inspect
+    import types
+
+    from torch._dynamo.bytecode_transformation import create_call_function
+    from torch._dynamo.variables.base import VariableTracker
+    from torch._dynamo.variables.functions import UserFunctionVariable, UserMethodVariable
+
+    class StructVariable(VariableTracker):
+        _nonvar_fields = {"cls", *VariableTracker._nonvar_fields}
+
+        def __init__(self, cls, fields: dict, **kwargs):
+            super().__init__(**kwargs)
+            self.cls = cls
+            self.fields = fields
+
+        def python_type(self):
+            return self.cls
+
+        def debug_repr(self):
+            return f"{self.cls.__name__}(<traced>)"
+
+        def __repr__(self):
+            return f"StructVariable({self.cls.__name__})"
+
+        def var_getattr(self, tx, name):
+            if name in self.fields:
+                return self.fields[name]
+            static = inspect.getattr_static(self.cls, name, None)
+            if isinstance(static, types.FunctionType):
+                return UserMethodVariable(static, self)
+            if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
+                return UserFunctionVariable(static.fget).call_function(tx, [self], {})
+            unsupported("syncfree: msgspec.Struct attribute",
+                        f"{self.cls.__name__}.{name} is not a field, a method or a property of the class")
+
+        def call_obj_hasattr(self, tx, name):
+            if name in self.fields:
+                return constant_variable(True)
+            return constant_variable(hasattr(self.cls, name))
+
+        def call_method(self, tx, name, args, kwargs):
+            static = inspect.getattr_static(self.cls, name, None)
+            if not name.startswith("__") and isinstance(static, types.FunctionType):
+                return UserFunctionVariable(static).call_function(tx, [self, *args], kwargs)
+            unsupported("syncfree: msgspec.Struct method",
+                        f"{self.cls.__name__}.{name}() is not modelled while tracing (it runs in Python)")
+
+        def reconstruct(self, codegen):
+            names = tuple(self.fields)
+            codegen.add_push_null(lambda: codegen.append_output(codegen.create_load_const_unchecked(build_struct)))
+            codegen.append_output(codegen.create_load_const_unchecked(self.cls))
+            codegen.append_output(codegen.create_load_const_unchecked(names))
+            for name in names:
+                codegen(self.fields[name])
+            codegen.extend_output(create_call_function(2 + len(names), False))
+
+    return StructVariable

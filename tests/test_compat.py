@@ -279,3 +279,75 @@ def test_on_data_dependent_guard_decides_only_user_branches():
         _compat._GUARD_HOOKS.remove(hook)
         torch._dynamo.reset()
     assert asked == ["u0 > 2"] and out.tolist() == [3, 4]
+
+
+# -- constructs that break the trace before any max (issue 30, item 3) --------------------------------------
+def test_disabled_target_unwraps_only_a_disable_wrapper():
+    def kernel(x):
+        return x
+
+    assert _compat.disabled_target(torch.compiler.disable(kernel)) is kernel
+    assert _compat.disabled_target(kernel) is None
+
+
+class Pair:
+    """A class Dynamo would trace by itself; the hook below models it instead, as tracing.py does a Struct."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def total(self):
+        return self.a * self.b
+
+
+def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as_the_class():
+    """A hook that models a class as a container: its fields are read and its method inlined in the graph;
+    returned (twice), the object is built once with cls(**fields)."""
+    calls = []
+
+    def hook(tx, cls, args, kwargs):
+        if cls is Pair:
+            calls.append(cls)
+            return _compat.struct_variable(cls, {"a": args[0], "b": args[1]})
+        return None
+
+    assert _compat.on_user_class_call(hook) is True
+    try:
+        def fn(x):
+            p = Pair(x + 1, 3)
+            return p.a * p.b + p.total(), p, p
+
+        out, pair, again = torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
+    finally:
+        _compat._CLASS_CALL_HOOKS.remove(hook)
+    assert calls == [Pair]
+    torch.testing.assert_close(out, torch.full((2,), 12.0))
+    assert type(pair) is Pair and pair.b == 3 and pair is again
+    torch.testing.assert_close(pair.a, torch.full((2,), 2.0))
+
+
+def test_on_disabled_call_traces_what_the_hook_returns_in_place_of_the_break():
+    def kernel(x):
+        return x * 2
+
+    wrapped = torch.compiler.disable(kernel)
+    seen = []
+
+    def hook(tx, fn, args, kwargs):
+        seen.append(fn)
+        known, value = _compat.constant_of(args[1])
+        assert known and value == 3 and _compat.is_tensor_variable(args[0])
+        return _compat.trace_call(tx, torch.mul, [args[0], _compat.constant_variable(2)], {})
+
+    assert _compat.on_disabled_call(hook) is True
+    try:
+        def fn(x):
+            return wrapped(x + 1, 3) - 1
+
+        got = torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
+    finally:
+        _compat._DISABLED_CALL_HOOKS.remove(hook)
+    assert seen == [kernel]
+    torch.testing.assert_close(got, torch.full((2,), 3.0))

@@ -18,9 +18,8 @@ On a CUDA machine (`setup(device="cuda")`, benchmarks/sglang_fa3_gpu.py), one mo
     fallback (`k_cache[loc] = k`), which it uses wherever that kernel does not apply.
   and the packages that placeholders.py stands in for may be installed for real there (torchvision and aiohttp
   are, on the H200 image): the real ones are used, placeholders only for the others.
-A third one, only for the ragged-verify case that asks for it (`traceable_ragged_geometry=True`): SGLang's
-`build_ragged_target_verify_geometry` returns a msgspec.Struct, which Dynamo cannot construct (graph break);
-`ragged_geometry_shim` is the same function returning a dataclass with the same fields.
+SGLang's `build_ragged_target_verify_geometry` returns a msgspec.Struct: through compile_pass.compile Dynamo
+traces it as the plain container it is (issue 30), so the ragged verify needs no shim.
 """
 
 from __future__ import annotations
@@ -171,27 +170,6 @@ class FakeModelRunner:
             page_size=page_size, device=device, is_draft_worker=is_draft_worker)
 
 
-# ------------------------------------------------------------------------------------------ the ragged-verify shim
-@dataclasses.dataclass
-class TraceableRaggedGeometry:
-    """RaggedTargetVerifyGeometry's fields, as a dataclass Dynamo can construct."""
-
-    cache_seqlens_int32: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_k: torch.Tensor
-    max_seq_len_q: int | None
-
-
-def ragged_geometry_shim(*, seq_lens, layout):
-    """sglang.srt.speculative.ragged_verify.build_ragged_target_verify_geometry, line for line, returning the
-    dataclass above instead of the msgspec.Struct (the only change)."""
-    cache_seqlens_int32 = (seq_lens + layout.verify_lens).to(torch.int32)
-    cu_seqlens_q = layout.qo_indptr_device.to(torch.int32)
-    cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(cache_seqlens_int32, dim=0, dtype=torch.int32), (1, 0))
-    max_seq_len_q = max(layout.verify_lens_cpu) if layout.verify_lens_cpu is not None else None
-    return TraceableRaggedGeometry(cache_seqlens_int32, cu_seqlens_q, cu_seqlens_k, max_seq_len_q)
-
-
 # ------------------------------------------------------------------------------------------ the paths
 @dataclasses.dataclass(frozen=True)
 class Path:
@@ -204,7 +182,6 @@ class Path:
     draft_tokens: int = 0  # verify / draft extend: tokens per request
     mirror: bool = True  # publish forward_batch.seq_lens_cpu (FA3's default decode path reads it)
     options: dict = dataclasses.field(default_factory=dict)  # backend options besides max_context_len
-    traceable_ragged_geometry: bool = False
 
     @property
     def queries(self) -> int:
@@ -397,26 +374,19 @@ def run_path(path: Path, vectors: int = 3, seed: int = 0, **compile_kw) -> Outco
     import compile_pass
 
     engine = Engine(path, seed=seed)
-    fab = engine.m.fab
-    saved = fab.build_ragged_target_verify_geometry
-    if path.traceable_ragged_geometry:
-        fab.build_ragged_target_verify_geometry = ragged_geometry_shim  # shim 3 (documented above)
     from torch._dynamo.utils import counters
 
     before = dict(counters["graph_break"])
-    try:
-        step = compile_pass.compile(engine.step, max_context_len=MAX_CONTEXT, **path.options, **compile_kw)
-        errors = []
-        for n, lengths in enumerate(length_vectors(path, vectors, seed=seed)):
-            fb, hidden = engine.make_batch(lengths, seed=n)
-            want = engine.step(fb, hidden)
-            fb, hidden = engine.make_batch(lengths, seed=n)
-            got = step(fb, hidden)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{path.name} {lengths}: {m}")
-            errors.append(float((got - want).abs().max()))
-        reports = list(compile_pass.reports(step))
-    finally:
-        fab.build_ragged_target_verify_geometry = saved
+    step = compile_pass.compile(engine.step, max_context_len=MAX_CONTEXT, **path.options, **compile_kw)
+    errors = []
+    for n, lengths in enumerate(length_vectors(path, vectors, seed=seed)):
+        fb, hidden = engine.make_batch(lengths, seed=n)
+        want = engine.step(fb, hidden)
+        fb, hidden = engine.make_batch(lengths, seed=n)
+        got = step(fb, hidden)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{path.name} {lengths}: {m}")
+        errors.append(float((got - want).abs().max()))
+    reports = list(compile_pass.reports(step))
     breaks = [k for k, v in counters["graph_break"].items() if v > before.get(k, 0)]
     status, reasons = classify(reports)
     if breaks:  # the step is split: what each piece reports is in `reports`

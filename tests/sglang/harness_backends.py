@@ -31,9 +31,11 @@ sglang_user::extend_attention (functional, returns the output) or sglang_user::e
 `kernels == "custom_op_inplace"`), fake implementations registered). The unmodified paths
 (`kernels == "sglang"`) run too, so both outcomes are shown.
 
-One more shim, for the paths that ask for it (`traceable_index_table=True`): KVIndexTranslator builds a
-`KVIndexTable(msgspec.Struct)` per gather (kv_index_translator.py, `_passthrough_table`), which Dynamo cannot
-construct (graph break); `TraceableKVIndexTable` is a dataclass with the same fields, put in its place.
+What a user does instead with SGLang's own backend object (`Path.kernels == "registered"`, issue 30): register
+the launchers that TritonAttnBackend wraps in torch.compiler.disable with compile_pass.register_disabled_launcher,
+each with the schema of the op it is (`register_launchers()`); compile_pass.compile then traces each call as that
+op. Nothing of the backend is replaced. KVIndexTranslator's `KVIndexTable(msgspec.Struct)` needs no shim: through
+compile_pass.compile Dynamo traces a msgspec.Struct as the plain container it is.
 
 MLA CUDA-graph state on CPU (`Path.replay=True`): FlashMLABackend.init_cuda_graph_state hard-codes
 device="cuda" and asks torch.cuda for the SM count; `_cuda_graph_state_on_cpu` allocates the same buffers
@@ -67,18 +69,6 @@ _STATE: dict = {}
 
 
 # ------------------------------------------------------------------------------------------------ setup
-@dataclasses.dataclass
-class TraceableKVIndexTable:
-    """kv_index_translator.KVIndexTable's fields, as a dataclass Dynamo can construct."""
-
-    ids: torch.Tensor
-    row_ids: torch.Tensor
-    row_stride: int
-    entry_page_size: int
-    is_translated: bool
-    v2p: Optional[torch.Tensor] = None
-
-
 def setup():
     """Idempotent: harness.setup() (stand-ins on sys.path, placeholders, the runtime context), then the patches
     listed in the module docstring."""
@@ -108,7 +98,7 @@ def setup():
     memory_pool.set_mla_kv_buffer_triton = _set_mla_rows
     memory_pool.set_mla_kv_buffer_dcp_sharded_triton = _set_mla_rows  # one rank: the same rows
     fixup_zero_kv._jit_fixup_module = lambda *a, **k: None
-    _STATE.update(m=m, kv_index_translator=kv_index_translator, KVIndexTable=kv_index_translator.KVIndexTable)
+    _STATE.update(m=m, kv_index_translator=kv_index_translator)
     m.triton_backend, m.flashmla_backend, m.trtllm_mla_backend = triton_backend, flashmla_backend, trtllm_mla_backend
     m.MLATokenToKVPool = MLATokenToKVPool
     m.ops = ops
@@ -218,6 +208,49 @@ def register_user_ops():
     return _USER_OPS
 
 
+DECODE_SCHEMA = ("(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor kv_indptr, Tensor kv_indices, "
+                 "Tensor(b!) attn_logits, Tensor(c!) attn_lse, Tensor num_kv_splits, SymInt max_kv_splits, "
+                 "float sm_scale, float k_scale, float v_scale, float logit_cap, bool has_mla, bool use_pdl, "
+                 "SymInt page_size, bool? enable_lean, Tensor(d!)? lean_Mp, Tensor(e!)? lean_Lp, Tensor(f!)? lean_Op, "
+                 "Tensor(g!)? lean_locks, Tensor? uneven_batch) -> ()")
+EXTEND_SCHEMA = ("(Tensor q_extend, Tensor k_extend, Tensor v_extend, Tensor(a!) o_extend, Tensor k_buffer, "
+                 "Tensor v_buffer, Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor? custom_mask, "
+                 "bool is_causal, Tensor? mask_indptr, SymInt max_len_extend, float k_scale, float v_scale, "
+                 "float? sm_scale, float logit_cap, bool skip_prefix_custom_mask, SymInt sliding_window_size, "
+                 "SymInt page_size, SymInt[]? extend_seq_lens_cpu) -> ()")
+_LAUNCHERS: dict = {}
+
+
+def register_launchers():
+    """What a user writes to get SGLang's own torch.compiler.disable'd kernel wrappers into the graph, with the
+    backend unmodified: the launchers TritonAttnBackend.__init__ wraps (decode_attention.decode_attention_fwd,
+    extend_attention.extend_attention_fwd; here the stand-ins that setup() put in those modules), registered
+    with compile_pass.register_disabled_launcher and the schemas of the kernels (what each writes is
+    `Tensor(a!)`). Every other parameter (sinks, score_mod, lean buffers, ...) must be at its default where
+    the backend calls them. Returns {"decode_op", "extend_op"} (OpOverloadPackets)."""
+    setup()
+    import compile_pass
+    from sglang.kernels.ops.attention import decode_attention, extend_attention
+
+    for key, launcher, name, schema in (
+            ("decode_op", decode_attention.decode_attention_fwd, "decode_attention_fwd", DECODE_SCHEMA),
+            ("extend_op", extend_attention.extend_attention_fwd, "extend_attention_fwd", EXTEND_SCHEMA)):
+        if key in _LAUNCHERS:  # the op is defined once per process; registering it again takes it as op=
+            compile_pass.register_disabled_launcher(launcher, _LAUNCHERS[key])
+        else:
+            _LAUNCHERS[key] = compile_pass.register_disabled_launcher(launcher, name="sglang_launch::" + name,
+                                                                      schema=schema)
+    return dict(_LAUNCHERS)
+
+
+def unregister_launchers():
+    import compile_pass
+    from sglang.kernels.ops.attention import decode_attention, extend_attention
+
+    for launcher in (decode_attention.decode_attention_fwd, extend_attention.extend_attention_fwd):
+        compile_pass.unregister_disabled_launcher(launcher)
+
+
 # ------------------------------------------------------------------------------------------------ model runner
 class BackendModelConfig:
     """What the three backends' __init__ read from model_runner.model_config."""
@@ -317,8 +350,8 @@ class Path:
     draft_tokens: int = 0
     # triton: "sglang" (the backend's torch.compiler.disable'd kernels) | "custom_op" (register_user_ops, the
     # functional extend op) | "custom_op_inplace" (the extend op writing o_extend in place, SGLang's convention)
+    # | "registered" (the backend's own disabled wrappers, their launchers registered: register_launchers)
     kernels: str = "sglang"
-    traceable_index_table: bool = False  # triton: KVIndexTable as a dataclass (see the module docstring)
     seq_lens_sum: bool = True  # publish forward_batch.seq_lens_sum (a host int the scheduler computes)
     host_lists: bool = True  # draft extend: publish extend_seq_lens_cpu / extend_prefix_lens_cpu
     mirror: bool = False  # publish forward_batch.seq_lens_cpu
@@ -565,9 +598,8 @@ def run_path(path: Path, vectors: int = 2) -> H.Outcome:
     from compile_pass import _compat
 
     engine = Engine(path)
-    translator = _STATE["kv_index_translator"]
-    if path.traceable_index_table:
-        translator.KVIndexTable = TraceableKVIndexTable  # the shim (module docstring)
+    if path.kernels == "registered":
+        register_launchers()  # the user's registration (module docstring); the backend stays as SGLang built it
     seen = len(_compat.graph_break_reasons())
     try:
         step, reports = compile_step(path, engine.step)
@@ -577,11 +609,13 @@ def run_path(path: Path, vectors: int = 2) -> H.Outcome:
             want = engine.step(fb, hidden)
             fb, hidden = engine.make_batch(lengths, seed=n)
             got = step(fb, hidden)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda s: f"{path.name} {lengths}: {s}")
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5,
+                                       msg=lambda s: f"{path.name} {lengths}: {s}")
             errors.append(float((got - want).abs().max()))
         graph_reports = reports()
     finally:
-        translator.KVIndexTable = _STATE["KVIndexTable"]
+        if path.kernels == "registered":
+            unregister_launchers()
     breaks = graph_breaks_since(seen)
     status, reasons = H.classify(graph_reports)
     if breaks:

@@ -5,34 +5,41 @@ Each path builds the backend over SGLang's own pools (harness_backends.py), buil
 included), over changing lengths and batch sizes; every result must equal the same step run eagerly. SGLang's
 Triton kernels are CPU stand-ins with their contracts (standins/sglang_triton_ops.py).
 
-Two things stop the graph in SGLang's own code, whatever the lengths:
+Two things stopped the graph in SGLang's own code, whatever the lengths (issue 30, item 3):
   1. TritonAttnBackend.__init__ wraps its kernels in torch.compiler.disable (triton_backend.py:188,
      `self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)`; :194 for extend_attention_fwd);
   2. KVIndexTranslator builds a `KVIndexTable(msgspec.Struct)` per gather (kv_index_translator.py:529,
      `_passthrough_table`, reached from `pack_read_stream` -> `read_source`), which Dynamo cannot construct.
-The unmodified paths show both; the `_op` paths replace the kernels as a user would (register_user_ops:
-torch.library.custom_op with the kernels' contracts, assigned to backend.decode_attention_fwd /
-backend.extend_attention_fwd; the extend op in its functional form, returning the output, unless `_inplace_`);
-the `_op_table` paths also make the index table traceable (a dataclass with the same fields, the shim in
-harness_backends.py).
+Through compile_pass.compile, 2 is traced (a msgspec.Struct is the plain container it is; no shim), so only 1
+remains on the unmodified paths. Two ways past 1: the `_registered` paths leave the backend as SGLang built it
+and register the launchers its wrappers disable (compile_pass.register_disabled_launcher with the kernels'
+schemas, `register_launchers()` in harness_backends.py); the `_op` paths replace the kernels as a user may
+(register_user_ops: torch.library.custom_op with the kernels' contracts, assigned to backend.decode_attention_fwd /
+backend.extend_attention_fwd; the extend op in its functional form, returning the output, unless `_inplace_`).
+The `_op_table` paths are the `_op` paths under their old names (they used to swap KVIndexTable for a dataclass;
+nothing is swapped now).
 
 | path | status | reason | what it costs a user | what they can do |
 |---|---|---|---|---|
-| triton_decode (seq_lens_sum set) | graph_break | KVIndexTable (msgspec.Struct), torch.compiler.disable'd decode kernel | the step splits into pieces (a break in the metadata builder, one around each layer's kernel), none CUDA-graphable as the whole step; no host sync of its own (seq_lens_sum is the scheduler's host int) | register the kernels as torch.library custom ops; a traceable index table |
+| triton_decode (seq_lens_sum set) | graph_break | torch.compiler.disable'd decode kernel (triton_backend.py:2472) | the step splits around each layer's kernel, not CUDA-graphable as a whole; no host sync of its own (seq_lens_sum is the scheduler's host int) | register the launchers (register_disabled_launcher); the note at the break says so |
 | triton_decode_no_sum (seq_lens_sum None) | graph_break | the same | the same | the same |
-| triton_verify | graph_break | the same (extend kernel) | the same | the same |
+| triton_verify | graph_break | the same (extend kernel, triton_backend.py:1921) | the same | the same |
 | triton_draft_extend (host lists) | graph_break | the same | the same | the same |
-| triton_draft_extend_no_lists | graph_break | the same; `int(extend_seq_lens.max())` (triton_backend.py:1126) is a host sync before the first break | a device->host sync per step as well | the same, then the indptr rule's facts (below) |
-| triton_decode_op (custom ops only) | graph_break | KVIndexTable | one break left, in the metadata builder (Dynamo splits every frame on its call stack there: several graphs per step) | make KVIndexTable traceable (upstream: a dataclass / NamedTuple instead of msgspec.Struct) |
-| triton_decode_op_table | nothing | no host read | one graph per shape; a new seq_lens_sum value recompiles once, then it is a dynamic int | nothing more |
+| triton_draft_extend_no_lists | graph_break | the same; `int(extend_seq_lens.max())` (triton_backend.py:1126) is a host sync before the break | a device->host sync per step as well | the same, then the indptr rule's facts (below) |
+| triton_decode_registered / triton_decode_no_sum_registered | nothing | no host read; the launcher traced as sglang_launch::decode_attention_fwd (lean buffers declared written) | one graph per shape | nothing more |
+| triton_verify_registered | nothing | no host read (max_extend_len is num_tokens_per_req) | one graph | nothing more |
+| triton_draft_extend_registered (host lists) | nothing | host lists only (`max(extend_seq_lens_cpu)`): no device sync; extend_seq_lens_cpu is in the extend schema | recompiles as the list values change, then dynamic | publish the host lists (SGLang's scheduler does) |
+| triton_draft_extend_no_lists_registered (Inductor), _registered_pass | rewritten | `max_extend_len = int(extend_seq_lens.max())` (triton_backend.py:1126) -> length_bounds['extend_seq_lens'] = 4 (max_len_extend -> 4; qo_indptr[0] == 0 and every length in [0, 4] asserted on the device) | nothing: no host sync, one graph per batch size (dynamic=False), Inductor's post-grad graph holds no host read | register_disabled_launcher for both launchers; register_indptr_bound_consumer(sglang_launch::extend_attention_fwd, indptr="qo_indptr", upper_bounds=("max_len_extend",)); options length_bounds={"extend_seq_lens": 4}, static_escapes=True (the max is stored on forward_metadata) |
+| triton_decode_op, triton_decode_op_table | nothing | no host read | one graph per shape; a new seq_lens_sum value recompiles once, then it is a dynamic int | nothing more |
 | triton_decode_no_sum_op_table | nothing | no host read (`bs * max_context_len`, triton_backend.py:905) | one graph | nothing more |
-| triton_verify_op_table | nothing | no host read (max_extend_len is num_tokens_per_req) | one graph | nothing more |
-| triton_draft_extend_op_table (host lists) | nothing | host lists only (`max(extend_seq_lens_cpu)`, `sum(extend_prefix_lens_cpu)`): no device sync | recompiles as the list values change (they are Python ints), then dynamic | publish the host lists (SGLang's scheduler does) |
-| triton_draft_extend_no_lists_op_table | rewritten | `max_extend_len = int(extend_seq_lens.max())` (triton_backend.py:1126) -> length_bounds['extend_seq_lens'] = 4 (max_len_extend -> 4; qo_indptr[0] == 0 and every length in [0, 4] asserted on the device) | nothing: no host sync, one graph per shape, Inductor's post-grad graph holds no host read | register_indptr_bound_consumer(sglang_user::extend_attention, indptr="qo_indptr", upper_bounds=("max_len_extend",)); options length_bounds={"extend_seq_lens": 4} (without it the bound is max_context_len), static_escapes=True (the max is stored on forward_metadata) |
+| triton_verify_op_table | nothing | no host read | one graph | nothing more |
+| triton_draft_extend_op_table (host lists) | nothing | host lists only: no device sync | recompiles as the list values change (they are Python ints), then dynamic | publish the host lists |
+| triton_draft_extend_no_lists_op_table | rewritten | the same as _registered, through sglang_user::extend_attention | nothing | register_indptr_bound_consumer(sglang_user::extend_attention, ...) and the same options |
 | triton_draft_extend_no_lists_inplace_op_table | rewritten | the same, with the extend op writing o_extend in place and returning nothing (SGLang's convention; its outputs are checked on fake tensors from its inputs' fake mode) | nothing | the same registration, on the in-place op |
 
-Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style, fast) for all
-but `triton_draft_extend_no_lists_op_table`, which goes through compile_pass.compile (Inductor).
+Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style, fast; it traces
+as compile_pass.compile does) for all but `triton_draft_extend_no_lists_op_table` and
+`triton_draft_extend_no_lists_registered`, which go through compile_pass.compile (Inductor).
 The indptr rule's facts are registered here (the `triton_backend` fixture), through the public API.
 
 EXPECTED is the end state per path (status, then a reason code for kept or words Dynamo's reason must contain for
@@ -60,7 +67,9 @@ def _triton(name, mode, **kw):
 
 
 OP = dict(kernels="custom_op")
-OP_TABLE = dict(kernels="custom_op", traceable_index_table=True)
+OP_TABLE = dict(kernels="custom_op")  # the index table needs no shim any more (issue 30): the same as OP
+REG = dict(kernels="registered")
+BOUNDED = {**SE, "length_bounds": {"extend_seq_lens": 4}}
 PATHS = {p.name: p for p in [
     _triton("triton_decode", "decode"),
     _triton("triton_decode_no_sum", "decode", seq_lens_sum=False),
@@ -73,29 +82,41 @@ PATHS = {p.name: p for p in [
     _triton("triton_verify_op_table", "target_verify", **OP_TABLE),
     _triton("triton_draft_extend_op_table", "draft_extend", **OP_TABLE),
     _triton("triton_draft_extend_no_lists_op_table", "draft_extend", host_lists=False, inductor=True,
-            options={**SE, "length_bounds": {"extend_seq_lens": 4}}, **OP_TABLE),
+            options=BOUNDED, **OP_TABLE),
     _triton("triton_draft_extend_no_lists_inplace_op_table", "draft_extend", host_lists=False,
-            options={**SE, "length_bounds": {"extend_seq_lens": 4}}, kernels="custom_op_inplace",
-            traceable_index_table=True),
+            options=BOUNDED, kernels="custom_op_inplace"),
+    _triton("triton_decode_registered", "decode", **REG),
+    _triton("triton_decode_no_sum_registered", "decode", seq_lens_sum=False, **REG),
+    _triton("triton_verify_registered", "target_verify", **REG),
+    _triton("triton_draft_extend_registered", "draft_extend", **REG),
+    _triton("triton_draft_extend_no_lists_registered", "draft_extend", host_lists=False, inductor=True,
+            options=BOUNDED, **REG),
+    _triton("triton_draft_extend_no_lists_registered_pass", "draft_extend", host_lists=False, options=BOUNDED,
+            **REG),
 ]}
 
-STRUCT = "kv_index_translator.py:529: Unsupported object.__new__ user-defined class construction"
 DISABLED = "Skip calling `torch.compiler.disable()`d function"
 # path -> (status, detail): a reason code (kept), words every listed graph break must show (graph_break), or words
 # of the rewritten item (rewritten)
 EXPECTED = {
-    "triton_decode": ("graph_break", (STRUCT, "triton_backend.py:2472: " + DISABLED)),
-    "triton_decode_no_sum": ("graph_break", (STRUCT, "triton_backend.py:2472: " + DISABLED)),
-    "triton_verify": ("graph_break", (STRUCT, "triton_backend.py:1921: " + DISABLED)),
-    "triton_draft_extend": ("graph_break", (STRUCT, "triton_backend.py:1921: " + DISABLED)),
-    "triton_draft_extend_no_lists": ("graph_break", (STRUCT, "triton_backend.py:1921: " + DISABLED)),
-    "triton_decode_op": ("graph_break", (STRUCT,)),
+    "triton_decode": ("graph_break", ("triton_backend.py:2472: " + DISABLED,)),
+    "triton_decode_no_sum": ("graph_break", ("triton_backend.py:2472: " + DISABLED,)),
+    "triton_verify": ("graph_break", ("triton_backend.py:1921: " + DISABLED,)),
+    "triton_draft_extend": ("graph_break", ("triton_backend.py:1921: " + DISABLED,)),
+    "triton_draft_extend_no_lists": ("graph_break", ("triton_backend.py:1921: " + DISABLED,)),
+    "triton_decode_op": ("nothing", None),
     "triton_decode_op_table": ("nothing", None),
     "triton_decode_no_sum_op_table": ("nothing", None),
     "triton_verify_op_table": ("nothing", None),
     "triton_draft_extend_op_table": ("nothing", None),
     "triton_draft_extend_no_lists_op_table": ("rewritten", "extend_seq_lens"),
     "triton_draft_extend_no_lists_inplace_op_table": ("rewritten", "extend_seq_lens"),
+    "triton_decode_registered": ("nothing", None),
+    "triton_decode_no_sum_registered": ("nothing", None),
+    "triton_verify_registered": ("nothing", None),
+    "triton_draft_extend_registered": ("nothing", None),
+    "triton_draft_extend_no_lists_registered": ("rewritten", "extend_seq_lens"),
+    "triton_draft_extend_no_lists_registered_pass": ("rewritten", "extend_seq_lens"),
 }
 NEEDS_RULE: dict = {}
 # what the paths in NEEDS_RULE report until then (asserted, so that a change shows)
@@ -107,12 +128,15 @@ UNTIL_THEN: dict = {}
 def triton_backend(sglang_fa3):
     B.setup()
     ops = B.register_user_ops()
+    launched = B.register_launchers()  # defines the launchers' ops; each registered path registers them again
+    B.unregister_launchers()
     import compile_pass
 
-    for op in (ops["extend_op"], ops["extend_inplace_op"]):  # recipe 1, the indptr rule's facts
+    extend_ops = (ops["extend_op"], ops["extend_inplace_op"], launched["extend_op"])
+    for op in extend_ops:  # recipe 1, the indptr rule's facts
         compile_pass.register_indptr_bound_consumer(op, indptr="qo_indptr", upper_bounds=("max_len_extend",))
     yield ops
-    for op in (ops["extend_op"], ops["extend_inplace_op"]):
+    for op in extend_ops:
         compile_pass.unregister_indptr_bound_consumer(op)
 
 
@@ -252,12 +276,59 @@ def test_kv_indices_stand_in_writes_only_each_rows_indptr_range(triton_backend):
 
 
 def test_the_unmodified_backend_report_names_the_change_at_each_break(triton_backend):
-    """Issue 30: through compile_pass.compile, the unmodified Triton draft extend's report notes say, at each line
-    Dynamo broke, the one change that keeps the step traceable: KVIndexTable as a dataclass / NamedTuple, the
-    torch.compiler.disable'd kernel as a torch.library.custom_op."""
+    """Issue 30: through compile_pass.compile, the unmodified Triton draft extend breaks only at the
+    torch.compiler.disable'd kernel (KVIndexTable, a msgspec.Struct, is traced as the container it is), and the
+    report's note there names the one change: register the launcher (register_disabled_launcher)."""
     path = dataclasses.replace(PATHS["triton_draft_extend_no_lists"], inductor=True)
     torch._dynamo.reset()
     result = B.run_path(path, vectors=1)
     notes = [n for r in result.reports for n in r.notes]
-    assert any(n.startswith("kv_index_translator.py:529") and "dataclass or NamedTuple" in n for n in notes), notes
-    assert any(n.startswith("triton_backend.py:1921") and "torch.library.custom_op" in n for n in notes), notes
+    assert not any("kv_index_translator" in b for b in result.graph_breaks), B.shown(result)
+    assert any(n.startswith("triton_backend.py:1921") and "register_disabled_launcher" in n for n in notes), notes
+
+
+# -- the unmodified backend, its launchers registered (register_disabled_launcher) --------------------------------
+def test_the_registered_draft_extend_is_sync_free_through_inductor(triton_backend):
+    """SGLang's own backend object, nothing of it replaced: the draft extend without host lists is one graph per
+    compile, int(extend_seq_lens.max()) (triton_backend.py:1126) rewritten to the declared bound, Inductor's
+    post-grad graph holds no host read, and the launcher's op gets the bound."""
+    result = outcome("triton_draft_extend_no_lists_registered")
+    assert result.status == "rewritten" and not result.graph_breaks, B.shown(result)
+    for report in result.reports:
+        assert report.post_grad is not None and not report.post_grad["reads"], B.shown(result)
+        assert not report.post_grad["unbacked_symbols"] and not report.post_grad["local_scalar_dense"]
+        assert [i.location for i in report.rewritten] == ["triton_backend.py:1126"], B.shown(result)
+        assert "max_len_extend -> 4" in report.rewritten[0].reason, B.shown(result)
+
+
+def test_the_registered_draft_extend_is_one_graph_per_batch_size(triton_backend):
+    """dynamic=False (a CUDA-graph runner captures one graph per batch size, every request extending the draft
+    tokens, so the token count follows the batch size): batch sizes 3, 2, 4, 1, 3 give one graph each for the
+    four sizes (the fifth call reuses the first, with other lengths), each rewritten, each equal to eager."""
+    path = dataclasses.replace(PATHS["triton_draft_extend_no_lists_registered_pass"], dynamic=False, ragged=False)
+    torch._dynamo.reset()
+    result = B.run_path(path, vectors=5)
+    assert len(result.errors) == 5 and max(result.errors) <= 1e-5
+    assert not result.graph_breaks and len(result.reports) == 4, B.shown(result)
+    assert all(r.rewritten and not r.kept and r.syncs_remaining == 0 for r in result.reports), B.shown(result)
+
+
+def test_a_registered_extend_length_past_the_declared_bound_raises_on_the_device(triton_backend):
+    """length_bounds={'extend_seq_lens': 2} with rows extending up to 4 tokens, checked (the default): the check
+    the rewrite inserts fails instead of launching too few query blocks."""
+    path = dataclasses.replace(PATHS["triton_draft_extend_no_lists_registered_pass"],
+                               options={**SE, "length_bounds": {"extend_seq_lens": 2}})
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"outside \[0, 2\] \(length_bounds\['extend_seq_lens'\]=2\)"):
+        B.run_path(path, vectors=1)
+
+
+def test_registering_the_launchers_leaves_the_backend_as_sglang_built_it(triton_backend):
+    """The registered paths change nothing of the backend: its kernels are still SGLang's own
+    torch.compiler.disable wrappers around the launchers the harness registers."""
+    from compile_pass import _compat
+    from sglang.kernels.ops.attention import decode_attention, extend_attention
+
+    engine = B.Engine(PATHS["triton_draft_extend_no_lists_registered_pass"])
+    assert _compat.disabled_target(engine.backend.extend_attention_fwd) is extend_attention.extend_attention_fwd
+    assert _compat.disabled_target(engine.backend.decode_attention_fwd) is decode_attention.decode_attention_fwd
