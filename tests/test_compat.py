@@ -185,14 +185,22 @@ def test_user_triton_kernel_reads_the_kernel_side_table():
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     hop = torch.ops.higher_order.triton_kernel_wrapper_mutation
-    node = graph.call_function(hop, (), {
-        "kernel_idx": kernel_side_table.add_kernel(side_table_probe),
-        "constant_args_idx": kernel_side_table.add_constant_args({"N": 4}), "grid": [(1, 1, 1)],
-        "tma_descriptor_metadata": {}, "kwargs": {"x_ptr": x}})
-    kernel, constants = _compat.user_triton_kernel(node)
-    assert kernel is side_table_probe and constants == {"N": 4}
-    assert _compat.user_triton_kernel(x) is None
-    assert _compat.user_triton_kernel(graph.call_function(torch.add, (x, 1))) is None
+    kernel_idx = kernel_side_table.add_kernel(side_table_probe)
+    constant_args_idx = kernel_side_table.add_constant_args({"N": 4})
+    try:
+        node = graph.call_function(hop, (), {
+            "kernel_idx": kernel_idx, "constant_args_idx": constant_args_idx, "grid": [(1, 1, 1)],
+            "tma_descriptor_metadata": {}, "kwargs": {"x_ptr": x}})
+        kernel, constants = _compat.user_triton_kernel(node)
+        assert kernel is side_table_probe and constants == {"N": 4}
+        assert _compat.user_triton_kernel(x) is None
+        assert _compat.user_triton_kernel(graph.call_function(torch.add, (x, 1))) is None
+    finally:
+        # A kernel local to this test must not stay in the process-wide table: torch's AOT precompile saves every
+        # kernel of the table with a step, and a later load would look this one up by its module path.
+        kernel_side_table.id_to_kernel.pop(kernel_idx, None)
+        kernel_side_table.kernel_to_id.pop(side_table_probe, None)
+        kernel_side_table.constant_args.pop(constant_args_idx, None)
 
 
 def test_known_equal_decides_ints_and_symbolic_sizes_without_guards():
