@@ -640,22 +640,31 @@ def on_user_class_call(hook) -> bool:
 
     if hook not in _CLASS_CALL_HOOKS:
         _CLASS_CALL_HOOKS.append(hook)
-    if getattr(UserDefinedClassVariable.call_function, "_syncfree_class_hook", False):
-        return True
-    original = UserDefinedClassVariable.call_function
+    _hook_call_function(UserDefinedClassVariable, "_syncfree_class_hook", _CLASS_CALL_HOOKS,
+                        lambda variable: variable.value if isinstance(getattr(variable, "value", None), type)
+                        else None)
+    return True
+
+
+def _hook_call_function(owner, marker: str, hooks: list, target_of) -> None:
+    """Wrap `owner.call_function` (a Dynamo VariableTracker class) once: where `target_of(variable)` names a
+    target (not None), each of `hooks` sees `(tx, target, args, kwargs)` and may return the call's
+    VariableTracker; else, or when every hook returns None, Dynamo's own call_function runs."""
+    if getattr(owner.call_function, marker, False):
+        return
+    original = owner.call_function
 
     def call_function(self, tx, args, kwargs):
-        cls = getattr(self, "value", None)
-        if isinstance(cls, type):
-            for each in list(_CLASS_CALL_HOOKS):
-                made = each(tx, cls, list(args), dict(kwargs))
+        target = target_of(self)
+        if target is not None:
+            for each in list(hooks):
+                made = each(tx, target, list(args), dict(kwargs))
                 if made is not None:
                     return made
         return original(self, tx, args, kwargs)
 
-    call_function._syncfree_class_hook = True  # type: ignore[attr-defined]
-    UserDefinedClassVariable.call_function = call_function
-    return True
+    setattr(call_function, marker, True)
+    owner.call_function = call_function
 
 
 def on_disabled_call(hook) -> bool:
@@ -670,22 +679,8 @@ def on_disabled_call(hook) -> bool:
 
     if hook not in _DISABLED_CALL_HOOKS:
         _DISABLED_CALL_HOOKS.append(hook)
-    if getattr(SkipFunctionVariable.call_function, "_syncfree_disabled_hook", False):
-        return True
-    original = SkipFunctionVariable.call_function
-
-    def call_function(self, tx, args, kwargs):
-        wrapper = getattr(self, "value", None)
-        inner = disabled_target(wrapper)
-        if inner is not None:
-            for each in list(_DISABLED_CALL_HOOKS):
-                made = each(tx, inner, list(args), dict(kwargs))
-                if made is not None:
-                    return made
-        return original(self, tx, args, kwargs)
-
-    call_function._syncfree_disabled_hook = True  # type: ignore[attr-defined]
-    SkipFunctionVariable.call_function = call_function
+    _hook_call_function(SkipFunctionVariable, "_syncfree_disabled_hook", _DISABLED_CALL_HOOKS,
+                        lambda variable: disabled_target(getattr(variable, "value", None)))
     return True
 
 
