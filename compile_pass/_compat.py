@@ -633,25 +633,29 @@ def on_user_class_call(hook) -> bool:
     `args`/`kwargs` are Dynamo's VariableTrackers. It returns a VariableTracker for the new object, or None
     (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function; returns False
     (nothing installed: Dynamo breaks there as without it) on a torch without that class."""
+    return _hook_call_function("torch._dynamo.variables.user_defined", "UserDefinedClassVariable",
+                               "_syncfree_class_hook", _CLASS_CALL_HOOKS, hook,
+                               lambda variable: variable.value if isinstance(getattr(variable, "value", None), type)
+                               else None)
+
+
+def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, target_of) -> bool:
+    """Add `hook` to `hooks` and wrap Dynamo's `module.name.call_function` (a VariableTracker class) once: where
+    `target_of(variable)` names a target (not None), each of `hooks` sees `(tx, target, args, kwargs)` and may
+    return the call's VariableTracker; else, or when every hook returns None, Dynamo's own call_function runs.
+    False (nothing installed) on a torch without that class."""
+    import importlib
+
     try:
-        from torch._dynamo.variables.user_defined import UserDefinedClassVariable
-    except ImportError:  # pragma: no cover - every supported torch has it
+        owner = getattr(importlib.import_module(module), name, None)
+    except ImportError:  # pragma: no cover - every supported torch has both modules
+        owner = None
+    if owner is None:  # pragma: no cover - every supported torch has both classes
         return False
-
-    if hook not in _CLASS_CALL_HOOKS:
-        _CLASS_CALL_HOOKS.append(hook)
-    _hook_call_function(UserDefinedClassVariable, "_syncfree_class_hook", _CLASS_CALL_HOOKS,
-                        lambda variable: variable.value if isinstance(getattr(variable, "value", None), type)
-                        else None)
-    return True
-
-
-def _hook_call_function(owner, marker: str, hooks: list, target_of) -> None:
-    """Wrap `owner.call_function` (a Dynamo VariableTracker class) once: where `target_of(variable)` names a
-    target (not None), each of `hooks` sees `(tx, target, args, kwargs)` and may return the call's
-    VariableTracker; else, or when every hook returns None, Dynamo's own call_function runs."""
+    if hook not in hooks:
+        hooks.append(hook)
     if getattr(owner.call_function, marker, False):
-        return
+        return True
     original = owner.call_function
 
     def call_function(self, tx, args, kwargs):
@@ -665,6 +669,7 @@ def _hook_call_function(owner, marker: str, hooks: list, target_of) -> None:
 
     setattr(call_function, marker, True)
     owner.call_function = call_function
+    return True
 
 
 def on_disabled_call(hook) -> bool:
@@ -672,16 +677,9 @@ def on_disabled_call(hook) -> bool:
     (a graph break): `fn` is the function the wrapper disables. It returns the VariableTracker of the call's
     result (having traced something in its place), or None (the break stands). Installed once, around
     SkipFunctionVariable.call_function; returns False (nothing installed) on a torch without that class."""
-    try:
-        from torch._dynamo.variables.functions import SkipFunctionVariable
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return False
-
-    if hook not in _DISABLED_CALL_HOOKS:
-        _DISABLED_CALL_HOOKS.append(hook)
-    _hook_call_function(SkipFunctionVariable, "_syncfree_disabled_hook", _DISABLED_CALL_HOOKS,
-                        lambda variable: disabled_target(getattr(variable, "value", None)))
-    return True
+    return _hook_call_function("torch._dynamo.variables.functions", "SkipFunctionVariable",
+                               "_syncfree_disabled_hook", _DISABLED_CALL_HOOKS, hook,
+                               lambda variable: disabled_target(getattr(variable, "value", None)))
 
 
 def disabled_target(fn):
