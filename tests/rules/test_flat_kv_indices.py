@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import compile_pass
 from compile_pass import rules, sync_pass
 from compile_pass.rules.flat_kv_indices import register_indptr_reader
-from reference import read_through_indptr
+import consumers_for_tests  # noqa: F401  (syncfree_test::indptr_read, a registered reader)
 from passlib import length_vectors, make_fb, run
 
 MCL = 64
@@ -22,19 +22,6 @@ KV = torch.ops.syncfree.kv_indices
 
 
 # -- test readers through an indptr, and an unregistered writer ------------------------------------------------
-_gather_sum = read_through_indptr
-
-
-@torch.library.custom_op("syncfree_flat_test::gather_sum", mutates_args=())
-def gather_sum(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    return _gather_sum(values, indices, indptr, lens)
-
-
-@gather_sum.register_fake
-def _(values, indices, indptr, lens):
-    return values.new_empty((lens.shape[0],))
-
-
 @torch.library.custom_op("syncfree_flat_test::gather_all", mutates_args=())
 def gather_all(values: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     return values[indices.to(torch.int64).clamp(0, values.numel() - 1)]  # one output per slot: shaped by n
@@ -56,9 +43,8 @@ def _(out, req_to_token, req_pool_indices, lengths, indptr):
     return None
 
 
-register_indptr_reader("syncfree_flat_test::gather_sum", indices="indices", indptr="indptr", lengths="lens")
 register_indptr_reader("syncfree_flat_test::gather_all", indices="indices", indptr="indptr", lengths="lens")
-READ = torch.ops.syncfree_flat_test.gather_sum
+READ = torch.ops.syncfree_test.indptr_read  # tests/support: row b reads indices[indptr[b] : indptr[b] + lens[b]]
 
 
 @torch._dynamo.allow_in_graph
@@ -361,9 +347,9 @@ def test_writer_facts_are_checked_against_the_schema():
     from compile_pass.rules.flat_kv_indices import register_indptr_writer
 
     with pytest.raises(ValueError, match="not written"):
-        register_indptr_writer("syncfree_flat_test::gather_sum", out="indices", indptr="indptr", lengths="lens")
+        register_indptr_writer("syncfree_test::indptr_read", out="indices", indptr="indptr", lengths="lens")
     with pytest.raises(ValueError, match="not an argument"):
-        register_indptr_reader("syncfree_flat_test::gather_sum", indices="idx", indptr="indptr", lengths="lens")
+        register_indptr_reader("syncfree_test::indptr_read", indices="idx", indptr="indptr", lengths="lens")
 
 
 @pytest.mark.inductor
