@@ -824,7 +824,8 @@ class AllocatedTableMax(HostMaxRule):
 
 def _widen(table: TablePlan) -> None:
     """The allocation (or the slice) gets the static width; its example value follows (Inductor's pre-grad passes
-    read it)."""
+    read it), and so do those of its row views `t[:B']`, which have the same width: a stale view would still hold
+    the dynamic width's unbacked symbol, and the backend would turn CUDA graphs off for a graph that holds none."""
     node = table.allocation
     if table.sliced:
         base, (rows, cols) = node.args
@@ -832,8 +833,12 @@ def _widen(table: TablePlan) -> None:
     else:
         node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
     mode = fake_mode_of([node])
-    if mode is not None:
-        args = torch.fx.node.map_arg(node.args, example_value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, example_value)
+    if mode is None:
+        return
+    views = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem
+             and len(u.args) == 2 and u.args[0] is node and _is_row_view(u.args[1])]
+    for each in (node, *views):
+        args = torch.fx.node.map_arg(each.args, example_value)
+        kwargs = torch.fx.node.map_arg(each.kwargs, example_value)
         with mode:
-            node.meta["example_value"] = node.target(*args, **kwargs)
+            each.meta["example_value"] = each.target(*args, **kwargs)

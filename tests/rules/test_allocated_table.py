@@ -485,6 +485,19 @@ def test_a_sliced_persistent_scratch_is_rewritten_to_the_static_width():
     assert "item" not in backend.targets()
 
 
+def test_the_row_view_of_the_rewritten_scratch_gets_the_static_width_too():
+    """The backend keeps CUDA graphs on only for a graph whose nodes hold no unbacked symbol: the row view
+    `table[:bs]` that reaches the consumer must not keep the dynamic width's symbol in its example value (the
+    H200 run's flashmla_scratch graph ran without CUDA graphs for that)."""
+    from compile_pass._compat import example_value
+    from compile_pass.backend import _holds_unbacked_symbols
+
+    gm = run_op(scratch_step, static_escapes=True).graphs[0]
+    (view,) = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0].target is operator.getitem]
+    assert example_value(view).shape[1] == 8
+    assert not _holds_unbacked_symbols(gm)
+
+
 def test_a_sliced_scratch_wider_than_the_bound_gets_the_bound_s_width():
     backend = run_op(scratch_step, width=11, static_escapes=True)
     assert not backend.report.kept and _slice_stop(backend) == 8, str(backend.report)
