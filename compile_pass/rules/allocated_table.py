@@ -248,6 +248,10 @@ class AllocatedTablePlan:
     offsets: tuple
     touches: frozenset
     disjoint: frozenset
+    # The placeholders of the persistent buffers sliced `buf[:B, :n]` (FlashMLA's scratch): graph inputs the step
+    # writes in place, only through their bounded writer. Under CUDA graphs the backend makes them static inputs,
+    # so that the graph writes the caller's buffer as eager does (sync_pass.PassResult.static_inputs).
+    static_inputs: frozenset = frozenset()
 
 
 # -- the proof --------------------------------------------------------------------------------------------
@@ -563,9 +567,11 @@ class _Walk(HostMaxWalk):
             touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers, *t.rounding,
                         *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
+        scratch = frozenset(t.allocation.args[0] for t in self.tables
+                            if t.sliced and t.allocation.args[0].op == "placeholder")
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
-                                  frozenset(self.disjoint))
+                                  frozenset(self.disjoint), scratch)
 
 
 def _is_table_of(alloc, count: torch.fx.Node) -> bool:
