@@ -557,9 +557,10 @@ def undeclared_scratch_step(q, k, v, r2t, rpi, seq_lens, buf):
 
 def through_aot(monkeypatch, step, vectors=OP_VECTORS[:2], width=8, **options):
     """The step through the syncfree backend with AOT autograd in place of Inductor (fast), against eager on
-    copies of one persistent buffer. Returns, per graph, what AOT saw (the inputs it counts as static and those
-    the graph writes in place, by source name; whether the backend asked for CUDA graphs), and the backend's
-    reports."""
+    copies of one persistent buffer. Returns, per graph AOT compiled, what it saw (the inputs it counts as static
+    and those the graph writes in place, by source name; whether the backend asked for CUDA graphs), the
+    placeholders the backend marked static (a graph that keeps its host read runs as captured: AOT fails on its
+    unbacked sizes, and the backend says so in a warning), and the backend's reports."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
     from compile_pass import backend as syncfree
@@ -580,6 +581,9 @@ def through_aot(monkeypatch, step, vectors=OP_VECTORS[:2], width=8, **options):
         return compiled, {"local_scalar_dense": [], "unbacked_symbols": [], "reads": []}, 0.0
 
     monkeypatch.setattr(syncfree, "_compile_checked", compile_checked)
+    marked, mark = [], compile_pass._compat.mark_static_placeholder
+    monkeypatch.setattr(compile_pass._compat, "mark_static_placeholder",
+                        lambda node: marked.append(compile_pass._compat.placeholder_source_name(node)) or mark(node))
     reports = []
     with compile_pass.report.collecting_reports(reports):
         compiled = torch.compile(step, fullgraph=True, backend=lambda gm, inputs: syncfree.syncfree_backend(
@@ -593,23 +597,23 @@ def through_aot(monkeypatch, step, vectors=OP_VECTORS[:2], width=8, **options):
             torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
                                        want[0] if isinstance(want, tuple) else want)
             assert torch.equal(buf_got, buf_want)
-    return seen, reports
+    return seen, marked, reports
 
 
 def test_under_cudagraphs_the_rewritten_scratch_is_a_static_input(monkeypatch):
     """FlashMLA's grown scratch is a graph input the step writes in place: CUDA graph trees skip such a graph
     ("mutated inputs") unless the input is static. The backend makes it so, for the scratch the rule proved."""
-    seen, reports = through_aot(monkeypatch, scratch_step, cudagraphs=True, static_escapes=True)
+    seen, marked, reports = through_aot(monkeypatch, scratch_step, cudagraphs=True, static_escapes=True)
     assert reports[-1].rewritten and not reports[-1].kept, str(reports[-1])
-    assert seen and all(s["cudagraphs"] for s in seen), seen
+    assert marked == ["L['buf']"] and seen and all(s["cudagraphs"] for s in seen), (marked, seen)
     assert seen[0]["static"] == ["L['buf']"] and "L['buf']" in seen[0]["mutated"], seen
     assert any("L['buf']" in n and "static input of the CUDA graph" in n for n in reports[-1].notes), \
         reports[-1].notes
 
 
 def test_without_cudagraphs_no_input_is_made_static(monkeypatch):
-    seen, reports = through_aot(monkeypatch, scratch_step, static_escapes=True)
-    assert reports[-1].rewritten and seen and seen[0]["static"] == [], seen
+    seen, marked, reports = through_aot(monkeypatch, scratch_step, static_escapes=True)
+    assert reports[-1].rewritten and not marked and seen and seen[0]["static"] == [], seen
     assert not any("static input" in n for n in reports[-1].notes)
 
 
@@ -617,10 +621,10 @@ def test_without_cudagraphs_no_input_is_made_static(monkeypatch):
                                                 (scratch_step, 6, "buffer_narrow")])
 def test_a_written_scratch_whose_max_is_kept_is_not_made_static(monkeypatch, step, width, code):
     """The max kept, the graph keeps its host read and runs without CUDA graphs: nothing is marked."""
-    seen, reports = through_aot(monkeypatch, step, [[5, 130, 64], [300, 1, 0]], width=width, cudagraphs=True,
-                                static_escapes=True)
+    seen, marked, reports = through_aot(monkeypatch, step, [[5, 130, 64], [300, 1, 0]], width=width,
+                                        cudagraphs=True, static_escapes=True)
     assert [i.reason_code for i in reports[-1].kept] == [code], str(reports[-1])
-    assert all(s["static"] == [] and not s["cudagraphs"] for s in seen), seen
+    assert not marked and all(s["static"] == [] and not s["cudagraphs"] for s in seen), (marked, seen)
     assert not any("static input" in n for n in reports[-1].notes), reports[-1].notes
 
 
