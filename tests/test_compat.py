@@ -359,3 +359,11 @@ def test_on_disabled_call_traces_what_the_hook_returns_in_place_of_the_break():
         _compat._DISABLED_CALL_HOOKS.remove(hook)
     assert seen == [kernel]
     torch.testing.assert_close(got, torch.full((2,), 3.0))
+
+
+def test_inductor_triton_cache_dir_is_where_inductor_points_triton(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "set"))
+    assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "set")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "inductor" / "triton" / "1")
