@@ -220,9 +220,11 @@ def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = Fa
 
 
 def expected_wall(walls: dict, run: dict) -> float:
-    """What a run is expected to take: its variant's run of the same cache kind, else (a shipped or precompiled
-    start) its warm run, else its cold run, else the longest run so far."""
-    for cache in (run["cache"], "warm" if run["cache"] != "cold" else None, "cold"):
+    """What a run is expected to take: its variant's run of the same cache kind, else (a kept-triton start) its
+    precompiled start, else (a shipped or precompiled start) its warm run, else its cold run, else the longest run
+    so far."""
+    for cache in (run["cache"], "precompiled" if run["cache"] == "precompiled-kept-triton" else None,
+                  "warm" if run["cache"] != "cold" else None, "cold"):
         if (run["variant"], cache) in walls:
             return walls[(run["variant"], cache)]
     return max(walls.values(), default=0.0)

@@ -105,6 +105,8 @@ def test_compile_time_plans_the_shipped_and_precompiled_starts_and_one_on_the_ke
     assert "syncfree-regional precompiled kept-triton" not in [
         r["name"] for r in compile_time.plan_runs(["syncfree-regional"], [], "syncfree-regional", warm=False,
                                                   shipped=True, kept_triton=False)]
+    walls = {("syncfree-regional", "cold"): 80.0, ("syncfree-regional", "precompiled"): 20.0}
+    assert compile_time.expected_wall(walls, kept) == 20.0 and compile_time.expected_wall(walls, runs[2]) == 80.0
     assert compile_time.triton_written(None) == "-"
     assert compile_time.triton_written(dict(kernels=3, written=3, present=0, conflicts=0, failed=0)) == \
         "3 kernels: 3 written, 0 present, 0 conflicts, 0 failed"
