@@ -42,7 +42,7 @@
 #              budget ($STARTUP_LIMIT - 20 s) lasts; $STARTUP_ARGS replaces the default knob list (and may add
 #              flags: "--no-warm --knobs" for no warm reruns and no knobs). Fits one device call: STARTUP_LIMIT
 #              defaults to 500 s. A short call for the precompiled starts alone:
-#              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=300
+#              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=360
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
