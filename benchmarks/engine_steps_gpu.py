@@ -30,9 +30,12 @@ report must say rewritten with nothing kept; Inductor's code holds no `.item()`.
 
 `--device cpu` is a dry run (no CUDA graphs, no sync-debug replays; Triton kernels need TRITON_INTERPRET=1, and
 Inductor does not lower a user Triton kernel on CPU tensors, so `mla` fails there). flashmla_scratch and
-trtllm_round_up run on the CPU with a writer op of the same contract in place of the Triton kernel:
+trtllm_round_up run on the CPU with a writer op of the same contract in place of the Triton kernel; with
+`--cudagraphs` the dry run compiles with cudagraphs=True too, and checks the backend's own decisions (it must not
+turn CUDA graphs off for a rewritten graph; flashmla_scratch's scratch must become a static input):
 
     python benchmarks/engine_steps_gpu.py --device cpu --steps flashmla_scratch trtllm_round_up --batches 3,2
+    python benchmarks/engine_steps_gpu.py --device cpu --cudagraphs --steps flashmla_scratch --batches 3,2
 """
 
 from __future__ import annotations
@@ -238,11 +241,9 @@ class MLAMetadata:
         if buf is None or buf.shape[0] < bs or buf.shape[1] < pages:
             rows = bs if buf is None else max(bs, buf.shape[0])
             cols = pages if buf is None else max(pages, buf.shape[1])
+            # Not marked static (SGLang does not mark its scratch): under cudagraphs the backend makes the scratch a
+            # static input of the CUDA graph, as the allocated-table rule proved it (the report's notes say so).
             buf = torch.full((rows, cols), -1, dtype=torch.int32, device=self.device)
-            if self.device == "cuda":  # a persistent buffer the step writes: static, as engines mark theirs
-                from compile_pass._compat import mark_static_address
-
-                mark_static_address(buf)
             self.scratch = buf
         return buf[:bs, :pages]
 
@@ -355,7 +356,7 @@ def length_vectors(batches, count, low, top, seed=0):
     return out
 
 
-def run_case(name, device, batches, count, replays):
+def run_case(name, device, batches, count, replays, cudagraphs=None):
     import compile_pass
     from compile_pass import _compat
     from compile_pass.testing import host_reads_in_code, replay_without_sync
@@ -364,7 +365,7 @@ def run_case(name, device, batches, count, replays):
     cuda = device == "cuda"
     step, inputs, options, span = CASES[name](device)
     options = {"max_context_len": MCL, **options}
-    if cuda:
+    if cuda if cudagraphs is None else cudagraphs:
         options["cudagraphs"] = True
     torch._dynamo.reset()
     counters.clear()
@@ -407,6 +408,15 @@ def run_case(name, device, batches, count, replays):
         problems.append(f"{reads} host reads in Inductor's code")
     if cuda and skipped:
         problems.append(f"cudagraphs skipped: {skipped[:2]}")
+    cudagraph_notes = sorted({n for r in reports for n in r.notes if n.startswith("cudagraphs:")})
+    if options.get("cudagraphs"):  # the backend's own decisions, checked on the CPU dry run too
+        from compile_pass.backend import CUDAGRAPHS_OFF
+
+        if status == "rewritten" and CUDAGRAPHS_OFF in cudagraph_notes:
+            problems.append(f"the backend turned CUDA graphs off for a rewritten graph: {cudagraph_notes}")
+        if name == "flashmla_scratch" and not all(any("static input of the CUDA graph" in n for n in r.notes)
+                                                  for r in reports):
+            problems.append(f"the scratch was not made a static input of every graph: {cudagraph_notes}")
     if cuda and any(" 0 cudagraphable" in p or "non-cudagraphable" in p and not p.endswith(" 0 non-cudagraphable")
                     for p in partitions):
         # one partition is not enough: it must be one CUDA graph (the backend turns CUDA graphs off for a graph
@@ -416,6 +426,7 @@ def run_case(name, device, batches, count, replays):
     result = dict(step=name, options={k: v for k, v in options.items()}, status=status, rules=rules,
                   reasons=[i.reason for i in merged.rewritten + merged.kept], vectors=rows,
                   partitions=partitions, cudagraph_skips=int(counters["inductor"]["cudagraph_skips"]),
+                  cudagraph_notes=cudagraph_notes,
                   graphs=len(reports), host_reads_in_code=reads, seconds=time.perf_counter() - t0,
                   problems=problems, ok=not problems)
     print(f"{name}: {status} by {rules}; {len(rows)} vectors equal: {all(r['equal'] for r in rows)}; "
@@ -431,6 +442,7 @@ def main():
     p.add_argument("--batches", default="4,6")
     p.add_argument("--vectors", type=int, default=3, help="length vectors per batch size")
     p.add_argument("--replays", type=int, default=1)
+    p.add_argument("--cudagraphs", action="store_true", help="compile with cudagraphs=True on the CPU dry run too")
     p.add_argument("--json")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -441,7 +453,8 @@ def main():
     out = {"env": environment(args.device), "steps": []}
     for name in args.steps:
         try:
-            out["steps"].append(run_case(name, args.device, batches, args.vectors, args.replays))
+            out["steps"].append(run_case(name, args.device, batches, args.vectors, args.replays,
+                                         True if args.cudagraphs else None))
         except Exception as e:  # noqa: BLE001  (one step's failure is a result; the next still runs)
             import traceback
 

@@ -161,6 +161,74 @@ def mark_static_address(t: torch.Tensor) -> None:
     torch._dynamo.mark_static_address(t)
 
 
+# -- static inputs of a CUDA graph (the persistent scratch of the allocated-table rule) ----------------------
+# AOT autograd takes a Dynamo graph's static inputs from its placeholders: those whose
+# node.meta["tensor_dict"]["_dynamo_static_input_type"] is set (what torch._dynamo.mark_static_address records on a
+# tensor, copied to its placeholder by Dynamo; torch 2.11 _functorch/_aot_autograd/frontend_utils.py:200,
+# _dynamo/utils.py:5048). Inductor hands them to CUDA graph trees as static_input_idxs: not copied into the graph's
+# own buffers, so an in-place write lands in the caller's tensor, as in eager; a new address re-records
+# (cudagraph_trees.py:876, :1780) where rerecord_if_static_inputs_change holds. Tested in tests/test_compat.py.
+_STATIC_KEY = "_dynamo_static_input_type"
+
+
+def static_inputs_rerecord() -> bool:
+    """Do CUDA graph trees re-record a graph when a static input's address changes (rather than fail)? torch 2.11:
+    `inline_inbuilt_nn_modules or triton.cudagraph_support_input_mutation` (cudagraph_trees.py:876); later torch
+    always re-records (2.13: the Dynamo flag is deprecated, always True; a torch without the flag: True)."""
+    import warnings
+
+    import torch._dynamo.config
+    from torch._inductor import config
+
+    if getattr(config.triton, "cudagraph_support_input_mutation", False):
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch 2.13: "inline_inbuilt_nn_modules is deprecated"
+        return bool(getattr(torch._dynamo.config, "inline_inbuilt_nn_modules", True))
+
+
+def is_static_placeholder(node: torch.fx.Node) -> bool:
+    """Will AOT autograd count this Dynamo placeholder as a static input (mark_static_address, or marked here)?"""
+    return bool((node.meta.get("tensor_dict") or {}).get(_STATIC_KEY))
+
+
+def mark_static_placeholder(node: torch.fx.Node) -> bool:
+    """Make a Dynamo graph's placeholder a static input ('unguarded', as mark_static_address(t) makes a tensor:
+    a new address re-records, no recompile). The tensor itself is not touched. The dict is replaced, not edited:
+    a copied graph's node shares it with Dynamo's own. False when it was static already."""
+    if node.op != "placeholder" or is_static_placeholder(node):
+        return False
+    node.meta["tensor_dict"] = {**(node.meta.get("tensor_dict") or {}), _STATIC_KEY: "unguarded"}
+    return True
+
+
+def unmark_static_placeholder(node: torch.fx.Node) -> None:
+    """Undo mark_static_placeholder."""
+    found = dict(node.meta.get("tensor_dict") or {})
+    found.pop(_STATIC_KEY, None)
+    node.meta["tensor_dict"] = found
+
+
+def input_alignment() -> int:
+    """The alignment (bytes) Inductor's kernels assume of a GPU input whose example is aligned; a static input is
+    not checked again at run time (torch 2.11 compile_fx.py:1821, utils.py:3296 tensor_is_aligned)."""
+    try:
+        from torch._inductor.utils import GPU_ALIGN_BYTES
+    except ImportError:  # pragma: no cover
+        return 16
+    return int(GPU_ALIGN_BYTES)
+
+
+def statically_aligned(t) -> bool:
+    """Is a (fake) tensor's storage offset known, without a guard, to keep it aligned as Inductor assumes?"""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true((t.storage_offset() * t.element_size()) % input_alignment() == 0))
+    except Exception:
+        return False
+
+
 _TORCH_LOGGERS = ("torch", "torch._inductor", "torch._dynamo", "torch._inductor.cudagraph_utils")
 
 
@@ -490,17 +558,18 @@ def serializable_step(compiled):
 
 
 class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid-type]
-    """The backend's per-call alias guard (backend.guard_disjoint_inputs) in a form torch's AOT precompile can
-    save: the compiled graph (AOT autograd's bundled entry), the untouched Dynamo graph it falls back to, and the
-    input pairs the proof assumed distinct."""
+    """The backend's per-call guard (backend.guard_disjoint_inputs) in a form torch's AOT precompile can save: the
+    compiled graph (AOT autograd's bundled entry), the untouched Dynamo graph it falls back to, the input pairs the
+    proof assumed distinct and the positions of the inputs made static that must stay aligned."""
 
-    def __init__(self, compiled, original, pairs: tuple, boxed: bool):
+    def __init__(self, compiled, original, pairs: tuple, boxed: bool, aligned: tuple = ()):
         self.compiled, self.original, self.pairs, self._boxed_call = compiled, original, pairs, boxed
+        self.aligned = aligned
 
     def __call__(self, *args):
-        from .backend import _flat_inputs, inputs_share_memory
+        from .backend import _flat_inputs, inputs_misaligned, inputs_share_memory
 
-        if inputs_share_memory(args, self.pairs):
+        if inputs_share_memory(args, self.pairs) or inputs_misaligned(args, self.aligned):
             return self.original(*_flat_inputs(args))
         return self.compiled(*args)
 
@@ -516,7 +585,8 @@ class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid
             original = Graph.serialize_compile_artifacts(fn.original)
         else:
             original = Graph.serialize_compile_artifacts(Graph(_picklable_fallback(fn.original)))
-        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), original, fn.pairs, fn._boxed_call))
+        return pickle.dumps((Bundled.serialize_compile_artifacts(compiled), original, fn.pairs, fn._boxed_call,
+                             tuple(fn.aligned)))
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> "GuardedSerializableStep":
@@ -525,9 +595,9 @@ class GuardedSerializableStep(_SerializableCallable):  # type: ignore[misc,valid
         from torch._dynamo.aot_compile_types import (BundledAOTAutogradSerializableCallable as Bundled,
                                                      GraphModuleSerializableCallable as Graph)
 
-        compiled, original, pairs, boxed = pickle.loads(data)
+        compiled, original, pairs, boxed, *rest = pickle.loads(data)  # saved before `aligned` existed: 4 fields
         return cls(Bundled.deserialize_compile_artifacts(compiled), Graph.deserialize_compile_artifacts(original),
-                   pairs, boxed)
+                   pairs, boxed, tuple(rest[0]) if rest else ())
 
 
 # -- Dynamo tracing (issue 30) --------------------------------------------------------------------------------

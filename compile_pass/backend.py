@@ -70,23 +70,37 @@ def inputs_share_memory(args, pairs) -> bool:
     return any(_shares_memory(flat[i], flat[j]) for i, j in pairs)
 
 
-def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pairs) -> Callable:
+def inputs_misaligned(args, positions) -> bool:
+    """Is any input the backend made static for CUDA graphs (mark_static_scratch) no longer aligned as it was when
+    Inductor compiled the graph? Inductor does not check a static input's alignment again at run time (host-side:
+    its storage offset; no sync)."""
+    if not positions:
+        return False
+    flat, align = _flat_inputs(args), _compat.input_alignment()
+    return any(isinstance(flat[i], torch.Tensor) and (flat[i].storage_offset() * flat[i].element_size()) % align
+               for i in positions)
+
+
+def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pairs, aligned=()) -> Callable:
     """Run `compiled` only while the graph inputs the proof assumed distinct are: Dynamo does not guard on
     aliasing between inputs, so a call in which two of them share memory runs the untouched graph as captured
     (eager semantics, its host read included). The check compares storage addresses on the host: no sync.
+    `aligned`: positions of inputs the backend made static (mark_static_scratch); a call where one of them is not
+    aligned as at compile time runs the untouched graph too.
     Under torch's AOT precompile the guard is an object torch can save with the graph (compile_pass.cache)."""
-    if not pairs:
+    pairs, aligned = tuple(pairs), tuple(aligned)
+    if not pairs and not aligned:
         return _compat.serializable_step(compiled)
     boxed = getattr(compiled, "_boxed_call", False)
     if _compat.precompiling() and hasattr(compiled, "serialize"):
         try:
-            return _compat.GuardedSerializableStep(compiled, original, tuple(pairs), boxed)
+            return _compat.GuardedSerializableStep(compiled, original, pairs, boxed, aligned)
         except TypeError:  # a torch whose SerializableCallable asks for other methods: the closure below
             pass
 
     def guarded(*args):
         # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
-        if inputs_share_memory(args, pairs):
+        if inputs_share_memory(args, pairs) or inputs_misaligned(args, aligned):
             return original.forward(*_flat_inputs(args))
         return compiled(*args)
 
@@ -115,9 +129,12 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         raise TypeError(f"syncfree backend got unexpected arguments {sorted(unexpected)}; pass options={{...}}")
     opts = SyncfreeOptions.from_dict({**_mode_options(mode), **(options or {})})
     start = time.perf_counter()
+    static_inputs: list = []
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(run_sync_pass(rewritten, opts), opts)
+        result = run_sync_pass(rewritten, opts)
+        report = report_of(result, opts)
+        static_inputs = list(zip(result.static_inputs, result.static_names))
         log.graph_rewritten(gm, rewritten)
     except tracing.Retrace:
         raise  # compile_pass.compile traces the frame again, without assuming a branch at the bound
@@ -131,7 +148,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     report.pass_seconds = time.perf_counter() - start
     explain_missing_bound(report, mode, opts)
     try:
-        return _compile_rewritten(gm, rewritten, example_inputs, report, opts)
+        return _compile_rewritten(gm, rewritten, example_inputs, report, opts, static_inputs)
     finally:
         report.backend_seconds = time.perf_counter() - start
         number_occurrences(report.rewritten + report.kept, gm.graph)  # the post-grad check's items too
@@ -195,7 +212,8 @@ def _new_graph_breaks() -> list[SyncItem]:
     return items
 
 
-def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions):
+def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions,
+                       static_inputs=()):
     breaks = _new_graph_breaks()
     report.kept.extend(item for item in breaks if item.host_sync)
     report.notes.extend(item.location + ": " + item.reason for item in breaks if not item.host_sync)
@@ -222,6 +240,8 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         patches.pop("triton.cudagraphs", None)
         report.notes.append(CUDAGRAPHS_OFF)
+    marked, static_notes = mark_static_scratch(rewritten, static_inputs) if patches.get("triton.cudagraphs") \
+        else ([], [])
     try:
         compiled, findings, check_seconds = _compile_checked(rewritten, example_inputs, patches, opts)
     except Exception as e:
@@ -240,15 +260,64 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
     if has_host_reads(findings) and patches.get("triton.cudagraphs"):
         patches.pop("triton.cudagraphs")
         report.notes.append(CUDAGRAPHS_OFF)
+        unmark_static_scratch(rewritten, marked)
+        marked, static_notes = [], []
         report.pass_seconds += check_seconds
         compiled, findings, check_seconds = _compile_checked(rewritten, example_inputs, patches, opts)
+    report.notes.extend(static_notes)
     report.post_grad = findings
     report.pass_seconds += check_seconds
     _account_post_grad(report, findings)
     if opts.strict and has_host_reads(findings):
         raise SyncRemainsError([i for i in report.kept if i.host_sync],
                                extra=f"the post-grad graph still reads the host: {findings}")
-    return guard_disjoint_inputs(compiled, gm, report.disjoint_inputs)
+    return guard_disjoint_inputs(compiled, gm, report.disjoint_inputs, marked)
+
+
+STATIC_SCRATCH = ("cudagraphs: {names}: the persistent buffer the step writes in place through its bounded writer "
+                  "(the allocated table's scratch) is a static input of the CUDA graph, written in place as in "
+                  "eager; a new address re-records the graph")
+STATIC_SCRATCH_KEPT = ("cudagraphs: {names}: the persistent buffer the step writes in place is not made a static "
+                       "input ({why}); CUDA graphs skip a graph that writes an input that is not static")
+
+
+def mark_static_scratch(gm: torch.fx.GraphModule, static_inputs) -> tuple[list[int], list[str]]:
+    """Under CUDA graphs, the graph inputs the pass proved to be persistent buffers written in place by a
+    registered bounded writer (PassResult.static_inputs: the allocated-table rule's sliced scratch) become static
+    inputs of the graph, as mark_static_address would make them: CUDA graph trees otherwise skip a graph that
+    writes an input in place ("mutated inputs"). Nothing else is marked. Only where a new address re-records the
+    graph, and only for an input aligned at compile time (Inductor then assumes it stays so; the per-call guard
+    runs the untouched graph where it does not). Returns the positions marked here and the report's notes."""
+    if not static_inputs:
+        return [], []
+    names = ", ".join(name for _, name in static_inputs)
+    if not _compat.static_inputs_rerecord():
+        return [], [STATIC_SCRATCH_KEPT.format(names=names, why="CUDA graph trees would fail, not re-record, on "
+                                                                "a new address")]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    marked, done, unaligned = [], [], []
+    for position, name in static_inputs:
+        node = placeholders[position] if position < len(placeholders) else None
+        value = _compat.example_value(node)
+        if node is None or not isinstance(value, torch.Tensor):
+            continue
+        if not _compat.statically_aligned(value):
+            unaligned.append(name)
+        elif _compat.mark_static_placeholder(node):
+            marked.append(position)
+            done.append(name)
+    notes = [STATIC_SCRATCH.format(names=", ".join(done))] if done else []
+    if unaligned:
+        notes.append(STATIC_SCRATCH_KEPT.format(names=", ".join(unaligned), why="its storage offset is not known "
+                                                "to be aligned"))
+    return marked, notes
+
+
+def unmark_static_scratch(gm: torch.fx.GraphModule, marked) -> None:
+    """The graph is compiled again without CUDA graphs: the scratch marked for them is an ordinary input again."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for position in marked:
+        _compat.unmark_static_placeholder(placeholders[position])
 
 
 MERGED_REPORTS_HINT = ("the step has more than one graph (a graph break): compile_pass.reports(step) holds every "

@@ -70,9 +70,11 @@ def insert_lower_assert(graph, before: torch.fx.Node, values: torch.fx.Node, low
 
 
 def insert_value_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, wide: torch.fx.Node,
-                        message: str) -> None:
-    """Device-side: every value of `lengths` <= max(wide). An async assertion: no host read."""
+                        message: str, offset: int = 0) -> None:
+    """Device-side: every value of `lengths` <= max(wide) + offset. An async assertion: no host read."""
     most = insert_call(graph, before, torch.ops.aten.amax.default, (wide,), before)
+    if offset:
+        most = insert_call(graph, before, torch.ops.aten.add.Scalar, (most, offset), before)
     within = insert_call(graph, before, torch.ops.aten.le.Tensor, (lengths, most), before)
     every = insert_call(graph, before, torch.ops.aten.all.default, (within,), before)
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)

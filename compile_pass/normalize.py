@@ -281,6 +281,23 @@ def constant_add(node):
     return None
 
 
+def tensor_sub(node):
+    """`x - y` of two int tensors of the graph (no alpha): (x, y), else None."""
+    if not isinstance(node, torch.fx.Node) or dtype_of(node) not in INT_DTYPES or node.kwargs:
+        return None
+    subs = (node.op == "call_function" and node.target in (operator.sub, torch.sub)) \
+        or (node.op == "call_method" and node.target in ("sub", "__sub__"))
+    if not subs or len(node.args) != 2:
+        return None
+    x, y = node.args
+    if not all(isinstance(a, torch.fx.Node) and dtype_of(a) in INT_DTYPES for a in (x, y)):
+        return None
+    shapes = [getattr(example_value(n), "shape", None) for n in (node, x)]
+    if shapes[0] is None or [str(s) for s in shapes[0]] != [str(s) for s in shapes[1]]:
+        return None  # y may broadcast over x, never x over y: each length is one x's value minus a y
+    return x, y
+
+
 def floored_at_zero(node):
     """x for `x.clamp(min=0)`, `x.clamp(0)`, `x.clamp_min(0)`, `torch.clamp(x, min=0)`, `torch.clamp_min(x, 0)`
     on an int tensor (no upper clamp): max(x, 0), SGLang's `(seq_lens - k).clamp_min(0)`; else None."""

@@ -17,7 +17,8 @@ from ._compat import example_value, fake_mode_of
 from .consumers import bind_arguments
 from .fx_util import argument_names, flat_tensors, node_location
 from .mutations import WriteLog
-from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, strip_kept_values
+from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, strip_kept_values, \
+    tensor_sub
 
 class DuplicateReason(RuntimeError):
     """Two owners declare the same reason code: raised at import, so a copied code never ships."""
@@ -131,6 +132,10 @@ class LengthsRelation:
     clamped: bool = False
     exact: torch.fx.Node | None = None  # the clamp's input (None: the lengths are exact)
     exact_offset: int = 0
+    # lengths = values - y1 - ... + offset (SGLang's draft extend: `seq_lens - extend_seq_lens + 4`): `offset` is
+    # then an upper bound only where every y >= 0, the premise the rule asserts on the device (`premise`)
+    subtracted: tuple[torch.fx.Node, ...] = ()
+    source_offset: int = 0  # the max is over (root's values) + source_offset: `seq_lens_cpu[:bs] + 4`
 
 
 class ProofContext:
@@ -170,15 +175,19 @@ class ProofContext:
         for written in set().union(*(self.writes.written_inputs(a, b) for a, b in zip(cuts, cuts[1:]))):
             disjoint |= {(p, written) for p in inputs if p is not written}
 
-    def relate_lengths(self, source: torch.fx.Node, lengths, who: str) -> LengthsRelation:
+    def relate_lengths(self, source: torch.fx.Node, lengths, who: str,
+                       allow_subtracted: bool = False) -> LengthsRelation:
         """How the consumer's `lengths` relate to the values `source` holds: the same values through value-keeping
         casts (narrowing included: lengths are within the bound, which the device check verifies on the wide
-        values), constant adds, one floor at 0 outside them (an upper-bound relation: `clamped`), or the declared
-        mirror pair. Unsafe otherwise. Writes are the caller's to check."""
+        values), constant adds (on either side: a max over `seq_lens_cpu[:bs] + 4` and lengths `seq_lens + 4` hold
+        the same values), one floor at 0 outside them (an upper-bound relation: `clamped`), or the declared
+        mirror pair; with `allow_subtracted`, also minus int tensors of the graph (`x - y + c`: an upper-bound
+        relation that holds where each y >= 0, which the caller must have asserted). Unsafe otherwise. Writes are
+        the caller's to check."""
         if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
             raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
-        source_root, _ = strip_kept_values(source, allow_moves=True, allow_narrowing=True)
-        node, k, chain = lengths, 0, []
+        source_root, source_offset = _strip_adds(source)
+        node, k, chain, subtracted = lengths, 0, [], []
         top, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
         exact = floored_at_zero(top)
         if exact is not None:  # one floor at 0, outside the constant adds: max(values + k, 0)
@@ -188,11 +197,16 @@ class ProofContext:
             root, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
             chain += passed
             add = constant_add(root)
-            if add is None:
+            minus = tensor_sub(root) if allow_subtracted and exact is None else None
+            if add is None and minus is None:
                 break
             chain.append(root)
-            node, step = add
-            k += step
+            if add is not None:
+                node, step = add
+                k += step
+            else:
+                node, y = minus
+                subtracted.append(y)
         via_mirror = False
         if root is not source_root:
             if self.mirrors.get(source_root) is root or self.mirrors.get(root) is source_root:
@@ -201,9 +215,26 @@ class ProofContext:
                 raise Unsafe("lengths_differ",
                              f"{who} ({lengths.name}) does not hold the values the max was taken over "
                              f"({source.name}): the bound would not guard it")
+        k -= source_offset  # relative to the values the max was taken over
         if exact is not None:
+            if source_offset:  # max(x + k, 0) against a max over x + s: not an offset of those values
+                raise Unsafe("lengths_differ", f"{who} ({lengths.name}) is floored at 0 and the max is over "
+                                               f"{source.name} + {source_offset}: the bound would not guard it")
             return LengthsRelation(lengths, root, tuple(chain), max(k, 0), via_mirror, True, exact, k)
-        return LengthsRelation(lengths, root, tuple(chain), k, via_mirror)
+        return LengthsRelation(lengths, root, tuple(chain), k, via_mirror, subtracted=tuple(subtracted),
+                               source_offset=source_offset)
+
+
+def _strip_adds(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:
+    """(root, c): `node` holds root's values + c, through value-keeping casts and constant adds."""
+    offset = 0
+    while True:
+        node, _ = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
+        add = constant_add(node)
+        if add is None:
+            return node, offset
+        node, step = add
+        offset += step
 
 
 def _shapes(tensors) -> str:

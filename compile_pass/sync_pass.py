@@ -38,6 +38,11 @@ class PassResult:
     disjoint_inputs: list = dataclasses.field(default_factory=list)
     disjoint_names: list = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # Positions of the graph inputs that applied rewrites proved to be persistent buffers written in place by a
+    # registered bounded writer (a plan's `static_inputs`), and their sources' names: the backend makes them static
+    # inputs of the CUDA graph when it keeps CUDA graphs on.
+    static_inputs: list = dataclasses.field(default_factory=list)
+    static_names: list = dataclasses.field(default_factory=list)
 
 
 def _item(point: SyncPoint, reason: str, code: str = "", rule: str = "") -> SyncItem:
@@ -90,10 +95,12 @@ class SyncPass:
             touched |= plan.touches
             proven.append((point, rule, plan))
         disjoint: set = set()
+        static: set = set()
         for point, rule, plan in proven:  # every proof was made on the untouched graph; now edit it
             reason = rule.rewrite(plan, graph, self.options)
             result.rewritten.append(_item(point, reason, "", rule.name))
             disjoint |= plan.disjoint
+            static |= getattr(plan, "static_inputs", frozenset())
         self._host_copies(graph, points, mirrors, result)
         # What is really left: a rewrite that left a host read behind must not be counted as removed.
         for point in find_sync_points(graph, mirrors):
@@ -104,6 +111,9 @@ class SyncPass:
         result.disjoint_inputs = pairs
         result.disjoint_names = sorted({(_input_name(a), _input_name(b)) for a, b in disjoint
                                         if a in positions and b in positions})
+        result.static_inputs = sorted(positions[n] for n in static if n in positions)
+        result.static_names = [_input_name(n) for n in sorted((n for n in static if n in positions),
+                                                              key=positions.__getitem__)]
         # No graph-wide DCE: FX does not know that every in-place op is impure.
         graph.lint()
         gm.recompile()

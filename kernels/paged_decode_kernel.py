@@ -5,8 +5,8 @@ Each program serves the whole GQA group of its KV head for every query of the ro
 split (DIRECT) it normalises and writes the output itself; with several it writes an unnormalised partial
 result of its live rows and `paged_decode_combine_kernel` merges the splits, one program per output row.
 Splits divide L_b, read on the device, so the work follows the live keys and a small batch still fills the GPU.
-Loads are masked by L_b: no page, page-table column or key past a row's length is read, and a key whose page id
-is outside [0, num_pages) is skipped (never read).
+Loads are masked by L_b: no page, page-table column or key past a row's length is read; a key whose page id is
+outside [0, num_pages) is skipped (its loads address page 0, inside the pool, and it adds nothing).
 """
 
 import triton
@@ -55,10 +55,13 @@ def paged_decode_split_kernel(
     pt_row = pt_ptr + b * pt_sb
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
-        t_ok = t < end
+        t_ok = (t < end) & (num_pages > 0)  # an empty pool has no page 0 to address
         page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
-        # A key whose page id is not a page of the pool is never read: it is skipped.
-        t_ok = t_ok & (page >= 0) & (page < num_pages)
+        # A key whose page id is not a page of the pool is never used: its K and V loads address page 0 (in the
+        # pool) and its score and value are masked out. The load masks stay the length mask, which does not
+        # depend on a loaded value (a mask on the page id made the kernel ~20% slower on the H200).
+        page_ok = (page >= 0) & (page < num_pages)
+        page = tl.where(page_ok, page, 0)
         slot = t % page_size
         k = tl.load(
             k_ptr + (page * k_sp + slot * k_ss + h * k_sh)[:, None] + dims[None, :],
@@ -69,7 +72,7 @@ def paged_decode_split_kernel(
         else:
             qk = tl.dot(q, tl.trans(k))
         qk = qk * scale
-        visible = t_ok[None, :] & (t[None, :] <= last_key[:, None])
+        visible = (t_ok & page_ok)[None, :] & (t[None, :] <= last_key[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -80,6 +83,7 @@ def paged_decode_split_kernel(
             v_ptr + (page * v_sp + slot * v_ss + h * v_sh)[:, None] + dims[None, :],
             mask=t_ok[:, None] & dim_ok[None, :], other=0.0,
         )
+        v = tl.where(page_ok[:, None], v, 0.0)  # p is 0 there, but page 0 may hold anything (0 * inf is nan)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

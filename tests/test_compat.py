@@ -361,6 +361,54 @@ def test_on_disabled_call_traces_what_the_hook_returns_in_place_of_the_break():
     torch.testing.assert_close(got, torch.full((2,), 3.0))
 
 
+def test_a_placeholder_marked_static_is_a_static_input_of_aot_autograd():
+    """mark_static_placeholder sets what AOT autograd reads for static inputs (the placeholder's
+    meta['tensor_dict']['_dynamo_static_input_type'], as mark_static_address records it); the tensor and the
+    Dynamo graph's own node (whose meta dict a copy shares) are untouched; unmark undoes it."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    def step(x, buf):
+        buf[:2].add_(x)
+        return x * 2
+
+    x, buf = torch.ones(3), torch.zeros(4, 3)
+    gm, copy, names = _dynamo_graph(step, x, buf)
+    own = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    placeholders = [n for n in copy.graph.nodes if n.op == "placeholder"]
+    target = placeholders[names.index("L['buf']")]
+    assert not _compat.is_static_placeholder(target)
+    assert _compat.mark_static_placeholder(target) and not _compat.mark_static_placeholder(target)
+    assert _compat.is_static_placeholder(target) and not _compat.is_static_placeholder(own[target.name])
+    assert not hasattr(buf, "_dynamo_static_input_type")
+
+    def static_indices(module):
+        found = []
+
+        def forward(fx, args):
+            found.extend(torch._guards.TracingContext.try_get().fw_metadata.static_input_indices)
+            return make_boxed_func(fx.forward)
+
+        inputs = [n.meta["example_value"] for n in module.graph.nodes if n.op == "placeholder"]
+        with torch._guards.tracing(torch._guards.TracingContext(_compat.fake_mode_of(module.graph.nodes))):
+            aot_module_simplified(module, inputs, fw_compiler=forward)  # as Dynamo calls its backend
+        return found
+
+    assert static_indices(copy) == [names.index("L['buf']")]
+    _compat.unmark_static_placeholder(target)
+    assert not _compat.is_static_placeholder(target) and static_indices(copy) == []
+
+
+def test_static_input_helpers_on_this_torch():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch 2.13 deprecates inline_inbuilt_nn_modules: read without a warning
+        assert _compat.static_inputs_rerecord()  # OSS torch: a static input's new address re-records
+    assert _compat.input_alignment() == 16
+    pool = torch.zeros(16, dtype=torch.int32)
+    assert _compat.statically_aligned(pool[4:]) and not _compat.statically_aligned(pool[1:])
+
+
 def test_inductor_triton_cache_dir_is_where_inductor_points_triton(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "set"))
     assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "set")

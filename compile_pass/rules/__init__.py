@@ -40,7 +40,9 @@ class Option:
 
 
 class Plan(Protocol):
-    """A proven rewrite: frozen, holding the nodes it will edit (`touches`) and the disjointness it assumes."""
+    """A proven rewrite: frozen, holding the nodes it will edit (`touches`) and the disjointness it assumes.
+    Optionally `static_inputs`: placeholders the rule proved to be persistent buffers that the step writes in place
+    through a registered bounded writer; the backend makes them static inputs when it keeps CUDA graphs on."""
 
     touches: frozenset
     disjoint: frozenset

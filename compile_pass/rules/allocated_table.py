@@ -248,6 +248,10 @@ class AllocatedTablePlan:
     offsets: tuple
     touches: frozenset
     disjoint: frozenset
+    # The placeholders of the persistent buffers sliced `buf[:B, :n]` (FlashMLA's scratch): graph inputs the step
+    # writes in place, only through their bounded writer. Under CUDA graphs the backend makes them static inputs,
+    # so that the graph writes the caller's buffer as eager does (sync_pass.PassResult.static_inputs).
+    static_inputs: frozenset = frozenset()
 
 
 # -- the proof --------------------------------------------------------------------------------------------
@@ -563,9 +567,11 @@ class _Walk(HostMaxWalk):
             touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers, *t.rounding,
                         *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
+        scratch = frozenset(t.allocation.args[0] for t in self.tables
+                            if t.sliced and t.allocation.args[0].op == "placeholder")
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
-                                  frozenset(self.disjoint))
+                                  frozenset(self.disjoint), scratch)
 
 
 def _is_table_of(alloc, count: torch.fx.Node) -> bool:
@@ -824,7 +830,8 @@ class AllocatedTableMax(HostMaxRule):
 
 def _widen(table: TablePlan) -> None:
     """The allocation (or the slice) gets the static width; its example value follows (Inductor's pre-grad passes
-    read it)."""
+    read it), and so do those of its row views `t[:B']`, which have the same width: a stale view would still hold
+    the dynamic width's unbacked symbol, and the backend would turn CUDA graphs off for a graph that holds none."""
     node = table.allocation
     if table.sliced:
         base, (rows, cols) = node.args
@@ -832,8 +839,12 @@ def _widen(table: TablePlan) -> None:
     else:
         node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
     mode = fake_mode_of([node])
-    if mode is not None:
-        args = torch.fx.node.map_arg(node.args, example_value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, example_value)
+    if mode is None:
+        return
+    views = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem
+             and len(u.args) == 2 and u.args[0] is node and _is_row_view(u.args[1])]
+    for each in (node, *views):
+        args = torch.fx.node.map_arg(each.args, example_value)
+        kwargs = torch.fx.node.map_arg(each.kwargs, example_value)
         with mode:
-            node.meta["example_value"] = node.target(*args, **kwargs)
+            each.meta["example_value"] = each.target(*args, **kwargs)

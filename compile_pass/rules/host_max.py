@@ -163,6 +163,10 @@ class LengthsUse:
     offset: int  # the lengths' offset from the values the max was taken over
     bound: int  # the static bound that replaced the max
     before: torch.fx.Node
+    ranged: bool = True  # under `checked`, asserted within [offset, bound + offset]
+    # the proof's premise where the lengths subtract tensors (`seq_lens - extend_seq_lens + 4`): every length is
+    # at most max(values) + c, asserted on the device checked or not (it says each subtracted value is >= 0)
+    upto: tuple | None = None  # (values node, c)
 
 
 def walk_the_max(walk_type, read: SyncPoint, ctx: ProofContext, defer_unbounded: bool = False):
@@ -310,7 +314,7 @@ class HostMaxWalk:
         """The lengths `user` reads hold the max's values + k (k <= offset), unwritten since the max (`extra`:
         more nodes to protect from the same start, e.g. an indptr; `allowed`: writers whose facts say they write
         none of them). The use is recorded for the lengths' device assertion."""
-        rel = self.ctx.relate_lengths(self.point.source, lengths, who)
+        rel = self.ctx.relate_lengths(self.point.source, lengths, who, allow_subtracted=True)
         self.require_covered(rel, offset, f"{who} exceed the max by {rel.offset}")
         self.guard_lengths(user, rel, allowed, extra, what)
         return rel
@@ -332,6 +336,10 @@ class HostMaxWalk:
                                      None, self.disjoint, allowed_writers=allowed)
         if rel.clamped:  # max(values + k, 0): the values are asserted through the clamp's input
             self.lengths_uses.append(LengthsUse(rel.exact, rel.exact_offset, self.bound, user))
+        elif rel.subtracted:  # values - y + k: the premise y >= 0 on the lengths, the bound on the values
+            self.lengths_uses.append(LengthsUse(rel.lengths, rel.offset, self.bound, user, ranged=False,
+                                                upto=(rel.root, rel.offset + rel.source_offset)))
+            self.lengths_uses.append(LengthsUse(rel.root, -rel.source_offset, self.bound, user))
         else:
             self.lengths_uses.append(LengthsUse(rel.lengths, rel.offset, self.bound, user))
 
@@ -372,16 +380,21 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
     order = {n: i for i, n in enumerate(graph.nodes)}
     firsts: dict[tuple, torch.fx.Node] = {}
     for use in uses:
-        key = (use.lengths, use.offset, use.bound)
+        key = (use.lengths, use.offset, use.bound, use.ranged, use.upto)
         firsts[key] = min(firsts.get(key, use.before), use.before, key=lambda n: order.get(n, -1))
-    for (lengths, low, bound), before in firsts.items():
+    for (lengths, low, bound, ranged, upto), before in firsts.items():
         where = node_location(before)
         wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
         if any(is_narrowing(n) for n in passed):
             insert_value_assert(graph, before, lengths, wide,
                                 f"syncfree: lengths narrowed to int32 at {where} exceed the max of the values they "
                                 "were narrowed from (they do not fit int32)")
-        if checked:
+        if upto is not None:
+            values, extra = upto
+            insert_value_assert(graph, before, lengths, values,
+                                f"syncfree: lengths at {where} exceed the max they were sized by + {extra}: a value "
+                                "they subtract is negative", offset=extra)
+        if checked and ranged:
             insert_device_assert(graph, before, lengths, bound + low,
                                  f"syncfree: a sequence length exceeds the static bound that replaced its max, or is "
                                  f"negative: outside [0, {bound}] ({bound_source}) at {where}", low=low)

@@ -220,7 +220,7 @@ class _Walk(HostMaxWalk):
 
     def maybe_swap_mirror_copy(self, consumer_node, argument, rel: LengthsRelation):
         """`cache_seqlens = seq_lens_cpu.to(dev)`: the rewrite may read the device twin instead of copying."""
-        if rel.clamped or any(constant_add(n) for n in rel.chain):
+        if rel.clamped or rel.subtracted or any(constant_add(n) for n in rel.chain):
             return
         mirrors = self.ctx.mirrors
         for node in rel.chain:

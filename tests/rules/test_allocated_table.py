@@ -485,6 +485,19 @@ def test_a_sliced_persistent_scratch_is_rewritten_to_the_static_width():
     assert "item" not in backend.targets()
 
 
+def test_the_row_view_of_the_rewritten_scratch_gets_the_static_width_too():
+    """The backend keeps CUDA graphs on only for a graph whose nodes hold no unbacked symbol: the row view
+    `table[:bs]` that reaches the consumer must not keep the dynamic width's symbol in its example value (the
+    H200 run's flashmla_scratch graph ran without CUDA graphs for that)."""
+    from compile_pass._compat import example_value
+    from compile_pass.backend import _holds_unbacked_symbols
+
+    gm = run_op(scratch_step, static_escapes=True).graphs[0]
+    (view,) = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0].target is operator.getitem]
+    assert example_value(view).shape[1] == 8
+    assert not _holds_unbacked_symbols(gm)
+
+
 def test_a_sliced_scratch_wider_than_the_bound_gets_the_bound_s_width():
     backend = run_op(scratch_step, width=11, static_escapes=True)
     assert not backend.report.kept and _slice_stop(backend) == 8, str(backend.report)
@@ -532,6 +545,126 @@ def test_an_undeclared_writer_of_the_scratch_keeps_the_max():
 
     backend = run_op(step)
     assert kept_codes(backend) == [("not_a_consumer", "page_table")], str(backend.report)
+
+
+# -- under CUDA graphs the rewritten scratch is a static input (backend.mark_static_scratch) --------------------
+def undeclared_scratch_step(q, k, v, r2t, rpi, seq_lens, buf):
+    m = seq_lens.max().item()
+    table = buf[: seq_lens.shape[0], : (m + PS - 1) // PS]
+    UNDECLARED(r2t, rpi, seq_lens, table, table.stride(0), PS)  # writes the scratch, with no writer facts
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+
+def through_aot(monkeypatch, step, vectors=OP_VECTORS[:2], width=8, **options):
+    """The step through the syncfree backend with AOT autograd in place of Inductor (fast), against eager on
+    copies of one persistent buffer. Returns, per graph AOT compiled, what it saw (the inputs it counts as static
+    and those the graph writes in place, by source name; whether the backend asked for CUDA graphs), the
+    placeholders the backend marked static (a graph that keeps its host read runs as captured: AOT fails on its
+    unbacked sizes, and the backend says so in a warning), and the backend's reports."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    from compile_pass import backend as syncfree
+
+    seen = []
+
+    def compile_checked(gm, example_inputs, patches, opts):
+        names = [compile_pass._compat.placeholder_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+
+        def forward(fx, args):
+            meta = torch._guards.TracingContext.try_get().fw_metadata
+            seen.append(dict(static=[names[i] for i in meta.static_input_indices],
+                             mutated=[names[i] for i, info in enumerate(meta.input_info) if info.mutates_data],
+                             cudagraphs=bool(patches.get("triton.cudagraphs"))))
+            return make_boxed_func(fx.forward)
+
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=forward)
+        return compiled, {"local_scalar_dense": [], "unbacked_symbols": [], "reads": []}, 0.0
+
+    monkeypatch.setattr(syncfree, "_compile_checked", compile_checked)
+    marked, mark = [], compile_pass._compat.mark_static_placeholder
+    monkeypatch.setattr(compile_pass._compat, "mark_static_placeholder",
+                        lambda node: marked.append(compile_pass._compat.placeholder_source_name(node)) or mark(node))
+    reports = []
+    with compile_pass.report.collecting_reports(reports):
+        compiled = torch.compile(step, fullgraph=True, backend=lambda gm, inputs: syncfree.syncfree_backend(
+            gm, inputs, options={"max_context_len": MCL, **options}))
+        buf_got = torch.full((REQS, width), -1, dtype=torch.int32)
+        buf_want = buf_got.clone()
+        for lengths in vectors:
+            with compile_pass._compat.capture_scalar_outputs():
+                got = compiled(*make_inputs(lengths), buf_got)
+            want = step(*make_inputs(lengths), buf_want)
+            torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
+                                       want[0] if isinstance(want, tuple) else want)
+            assert torch.equal(buf_got, buf_want)
+    return seen, marked, reports
+
+
+def test_under_cudagraphs_the_rewritten_scratch_is_a_static_input(monkeypatch):
+    """FlashMLA's grown scratch is a graph input the step writes in place: CUDA graph trees skip such a graph
+    ("mutated inputs") unless the input is static. The backend makes it so, for the scratch the rule proved."""
+    seen, marked, reports = through_aot(monkeypatch, scratch_step, cudagraphs=True, static_escapes=True)
+    assert reports[-1].rewritten and not reports[-1].kept, str(reports[-1])
+    assert marked == ["L['buf']"] and seen and all(s["cudagraphs"] for s in seen), (marked, seen)
+    assert seen[0]["static"] == ["L['buf']"] and "L['buf']" in seen[0]["mutated"], seen
+    assert any("L['buf']" in n and "static input of the CUDA graph" in n for n in reports[-1].notes), \
+        reports[-1].notes
+
+
+def test_without_cudagraphs_no_input_is_made_static(monkeypatch):
+    seen, marked, reports = through_aot(monkeypatch, scratch_step, static_escapes=True)
+    assert reports[-1].rewritten and not marked and seen and seen[0]["static"] == [], seen
+    assert not any("static input" in n for n in reports[-1].notes)
+
+
+@pytest.mark.parametrize("step, width, code", [(undeclared_scratch_step, 8, "not_a_consumer"),
+                                                (scratch_step, 6, "buffer_narrow")])
+def test_a_written_scratch_whose_max_is_kept_is_not_made_static(monkeypatch, step, width, code):
+    """The max kept, the graph keeps its host read and runs without CUDA graphs: nothing is marked."""
+    seen, marked, reports = through_aot(monkeypatch, step, [[5, 130, 64], [300, 1, 0]], width=width,
+                                        cudagraphs=True, static_escapes=True)
+    assert [i.reason_code for i in reports[-1].kept] == [code], str(reports[-1])
+    assert not marked and all(s["static"] == [] and not s["cudagraphs"] for s in seen), (marked, seen)
+    assert not any("static input" in n for n in reports[-1].notes), reports[-1].notes
+
+
+def test_the_plan_exposes_only_the_proven_sliced_scratch_as_a_static_input():
+    from compile_pass.options import SyncfreeOptions
+    from compile_pass.sync_pass import SyncPass
+
+    results = []
+
+    def backend(gm, example_inputs):
+        results.append(SyncPass(SyncfreeOptions.from_dict({"max_context_len": MCL, "static_escapes": True}))(gm))
+        return gm.forward
+
+    for step, width in ((scratch_step, 8), (round_up_step, 8), (undeclared_scratch_step, 8), (scratch_step, 6)):
+        torch._dynamo.reset()
+        with compile_pass._compat.capture_scalar_outputs():
+            torch.compile(step, backend=backend, fullgraph=True)(*make_inputs([5, 130, 64]),
+                                                                 torch.full((REQS, width), -1, dtype=torch.int32))
+    scratch, round_up, undeclared, narrow = results
+    assert scratch.rewritten and len(scratch.static_inputs) == 1 and scratch.static_names == ["L['buf']"]
+    assert round_up.rewritten and round_up.static_inputs == [] and round_up.static_names == []
+    assert undeclared.kept and undeclared.static_inputs == [] and narrow.kept and narrow.static_inputs == []
+
+
+def test_a_static_input_no_longer_aligned_runs_the_untouched_graph():
+    """Inductor does not check a static input's alignment again at run time: the per-call guard does, on the
+    host, and runs the graph as captured where the scratch moved to an unaligned offset."""
+    from compile_pass.backend import guard_disjoint_inputs
+
+    calls = []
+
+    class Original:
+        def forward(self, *args):
+            calls.append("untouched")
+
+    guarded = guard_disjoint_inputs(lambda *args: calls.append("compiled"), Original(), [], aligned=[1])
+    pool = torch.zeros(64, dtype=torch.int32)
+    for start in (0, 1, 4):  # 0, 4 and 16 bytes into the storage
+        guarded(torch.zeros(2), pool[start: start + 8])
+    assert calls == ["compiled", "untouched", "compiled"]
 
 
 def test_a_consumer_reading_other_lengths_keeps_the_max():

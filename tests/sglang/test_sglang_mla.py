@@ -15,14 +15,16 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 |---|---|---|---|---|
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
 | flashmla_decode_mirror | **rewritten** | the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value once the warm-up grew the scratch to the bound's 4 pages; the page count slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), filled by the block-table writer (registered here with compile_pass.register_bounded_writer; its stride is the scratch's own) and read by the FlashMLA kernel by the same lengths (the mirror's device twin): allocated table rule, the slice widened to 4 pages, the stored table at that width (`static_escapes`); one graph per batch size (the static one, then a dynamic one), the host read gone | nothing | `static_escapes=True`, the writer's and the kernel's facts |
-| flashmla_draft_extend_mirror | kept (`lengths_differ`) | reaches the pass as decode does, but the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236), not the max's values + k: nothing says `extend_seq_lens >= 0` | a host read of the mirror (no device sync), one graph per batch size | (a rule gap: a relation for `x - y + c` with `y >= 0` asserted) |
+| flashmla_draft_extend_mirror | **rewritten** | reaches the pass as decode does; the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236) against the page count `cdiv(m + 4, 64)`: the relation `x - y + c` (ProofContext.relate_lengths), an upper bound where every `extend_seq_lens >= 0`, which the rewrite asserts on the device, checked or not (every length at most max(seq_lens) + 4); the slice widened to 5 pages | nothing | `static_escapes=True`, the writer's and the kernel's facts |
 | flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound (a fresh 5-wide scratch, stored on the backend), kept: the table is then a slice of a fresh allocation `torch.full((rows, max(n, 4)), -1)`, not of a persistent buffer (and, rewritten, the outcome traced, m >= 253, would be asserted on the device: every shorter step would raise), so it is traced again without | a host read, a break per step | do not publish the mirror |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
-| flashmla_replay_{verify,draft_extend}, static or not | kept (`lengths_differ`) | the max is over `seq_lens_cpu[:bs] + 4` (:343) and the kernel's lengths are `seq_lens.to(int32)`: not related by the rule | a host read of the mirror per replay | (a rule gap) |
+| flashmla_replay_verify_static | **rewritten** | the max is over `seq_lens_cpu[:bs] + 4` (:343), the kernel's lengths `seq_lens.to(int32) + 4`: the same values (constant adds on both sides, the mirror pair): page table -> width 5, bound 260 (max_context_len + 4) | nothing: no host read | as for decode |
+| flashmla_replay_verify (automatic dynamic) | kept (`lengths_differ`) on the dynamic graph; the static one rewritten | as for flashmla_replay_decode | a host read per replay on the dynamic graph | `dynamic=False` |
+| flashmla_replay_draft_extend, static or not | kept (`lengths_differ`) | the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step `copy_`s seq_lens into (:411): the rule relates no values through a copy into a buffer | a host read of the mirror per replay | (a rule gap: a copy relation) |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
 | trtllm_mla_{decode,verify}_mirror | **rewritten** | `_calc_padded_blocks` (trtllm_mla_backend.py:340): `if blocks % constraint_lcm != 0` (:355) is traced at the bound's outcome (True; False only at m = 0, asserted on the device), verify's `cdiv(m + 4, 64) >= 1` needs no assumption; the round-up `cdiv(cdiv(m [+ 4], 64), 64) * 64` (Dynamo: `torch.sym_sum([63, m])`) sizes `torch.full((bs, blocks), -1)`, filled by the registered writer with that width as its stride, read by the TRTLLM kernel (`max_seq_len` an upper bound): allocated table rule, width 64 (the round-up of the bound's 4 pages), `max_seq_len` 256 (verify 264), the stored table and `max_seq_len_k` at the static values (`static_escapes`); one graph per batch size | nothing | `static_escapes=True`, the writer's and the kernel's facts |
-| trtllm_mla_draft_extend_mirror | graph_break | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862): not related to the max, kept (`lengths_differ`) at the bound's outcome of :355, so the frame is traced again without it and Dynamo breaks there | a host read, a break per step | do not publish the mirror (a rule gap, as for FlashMLA's draft extend) |
+| trtllm_mla_draft_extend_mirror | graph_break | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862, 4 here), but the table is sized by the unpadded max (`_calc_padded_blocks(max_seq)`, no + 4): the lengths exceed what the max covers by 4 (`lengths_exceed`); eager stays within its table only through the round-up's slack (and not at m = 0), which the rule does not credit. Kept at the bound's outcome of :355, so the frame is traced again without it and Dynamo breaks there | a host read, a break per step | do not publish the mirror (a rule gap: crediting the round-up's slack) |
 
 The allocated-table rule takes the eager mirror paths above: FlashMLA's grown scratch (a slice of a persistent
 buffer) and TRTLLM-MLA's round-up page count, both stored on the backend (`static_escapes`). The writer here is
@@ -84,18 +86,19 @@ EXPECTED = {
     # stored on the backend), which holds only for m >= 253 (the outcome would be asserted on the device), kept,
     # traced again without: the break
     "flashmla_verify_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
-    # the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236): not related to the max over seq_lens_cpu
-    # by the rule (nothing says extend_seq_lens >= 0)
-    "flashmla_draft_extend_mirror": ("kept", "lengths_differ"),
+    # the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236), the page count cdiv(m + 4, 64): x - y + c,
+    # an upper bound where extend_seq_lens >= 0, asserted on the device (checked or not); the slice widened to 5
+    "flashmla_draft_extend_mirror": ("rewritten", "sliced table -> width 5 (page_size 64)"),
     # automatic dynamic: the first batch size's static graph is rewritten, the dynamic graph after it is kept (the
     # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
     "flashmla_replay_decode": ("kept", "lengths_differ"),
     "flashmla_replay_verify": ("kept", "lengths_differ"),
     "flashmla_replay_draft_extend": ("kept", "lengths_differ"),
-    # one static graph per batch size: decode rewritten (through Inductor); verify and draft extend keep the max
-    # (the max is over seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32): not related)
+    # one static graph per batch size: decode rewritten (through Inductor); verify too (the max over
+    # seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32) + 4: the same values); draft extend keeps the
+    # max (its kernel reads a buffer the step copies seq_lens into: no relation through the copy)
     "flashmla_replay_decode_static": ("rewritten", None),
-    "flashmla_replay_verify_static": ("kept", "lengths_differ"),
+    "flashmla_replay_verify_static": ("rewritten", "page table -> syncfree.page_table width 5"),
     "flashmla_replay_draft_extend_static": ("kept", "lengths_differ"),
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
@@ -107,8 +110,9 @@ EXPECTED = {
     "trtllm_mla_decode_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
     # verify pads cdiv(m + 4, 64) >= 1 block: `blocks % lcm != 0` holds for every value, one graph; rewritten too
     "trtllm_mla_verify_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
-    # the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862): not related to the
-    # max (kept, lengths_differ), so the frame is traced again without the bound's outcome: the break, as before
+    # the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862), the table sized by
+    # the max alone: they exceed what it covers by 4 (kept, lengths_exceed), so the frame is traced again without
+    # the bound's outcome: the break, as before
     "trtllm_mla_draft_extend_mirror": ("graph_break", (TRTLLM_BRANCH,)),
 }
 NEEDS_RULE: dict = {}
@@ -249,16 +253,13 @@ def test_block_table_writer_stand_in(mla_backends):
 
 def test_the_grow_on_demand_branch_no_longer_breaks_the_graph(mla_backends):
     """Issue 30: with the range given while Dynamo traces, FlashMLA's eager metadata with the mirror published is one
-    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass: decode rewritten (the
-    host read gone from both graphs), draft extend kept (its lengths are not the max's values)."""
-    result = outcome("flashmla_decode_mirror")
-    assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
-    assert all(not r.kept and len(r.rewritten) == 1 and r.rewritten[0].location == "flashmla_backend.py:164"
-               for r in result.reports), B.shown(result)
-    result = outcome("flashmla_draft_extend_mirror")
-    assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
-    kept = [i for r in result.reports for i in r.kept]
-    assert kept and all(i.location == "flashmla_backend.py:164" and not i.host_sync for i in kept), B.shown(result)
+    graph per batch size (two length vectors, two batch sizes), and the max reaches the pass: decode and draft
+    extend rewritten (the host read gone from both graphs)."""
+    for name in ("flashmla_decode_mirror", "flashmla_draft_extend_mirror"):
+        result = outcome(name)
+        assert result.graph_breaks == [] and result.graphs == 2, B.shown(result)
+        assert all(not r.kept and len(r.rewritten) == 1 and r.rewritten[0].location == "flashmla_backend.py:164"
+                   for r in result.reports), B.shown(result)
 
 
 def _past_the_bound(name, device_too):
@@ -280,16 +281,7 @@ def _past_the_bound(name, device_too):
     return step, fb, hidden, reports
 
 
-def test_a_kept_mirror_max_past_the_bound_raises(mla_backends):
-    """The range the max was traced with is checked again on the host where the pass keeps the max: a length past
-    max_context_len raises instead of running a graph traced for lengths within it."""
-    step, fb, hidden, reports = _past_the_bound("flashmla_draft_extend_mirror", device_too=False)
-    assert [i.reason_code for r in reports() for i in r.kept] == ["lengths_differ"]
-    with pytest.raises(RuntimeError, match="exceeds max_context_len=256"):
-        step(fb, hidden)
-
-
-@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "trtllm_mla_decode_mirror"])
+@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror", "trtllm_mla_decode_mirror"])
 def test_a_rewritten_mirror_max_past_the_bound_raises(mla_backends, name):
     """Where the pass rewrote the mirror's max, the host read is gone: checked=True asserts on the device that every
     length (the mirror's device twin) lies within the bound that replaced the max, before the writer reads them."""
@@ -299,7 +291,29 @@ def test_a_rewritten_mirror_max_past_the_bound_raises(mla_backends, name):
         step(fb, hidden)
 
 
-@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "trtllm_mla_decode_mirror", "trtllm_mla_verify_mirror"])
+def test_the_draft_extends_premise_is_asserted_with_checked_off(mla_backends):
+    """FlashMLA's draft extend is rewritten on the premise that extend_seq_lens >= 0 (its lengths
+    `seq_lens - extend_seq_lens + 4` are then at most the max + 4): the premise is the proof's, asserted on the
+    device with checked=False too. A negative extend length raises instead of running on lengths the proof does
+    not cover (here past the max + 4)."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["flashmla_draft_extend_mirror"], options={**SE, "checked": False})
+    engine = B.Engine(path)
+    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
+    step, reports = B.compile_step(path, engine.step)
+    fb, hidden = engine.make_batch([100, 7], seed=0)
+    step(fb, hidden)
+    assert all(r.rewritten and not r.kept for r in reports()), "\n".join(map(str, reports()))
+    fb, hidden = engine.make_batch([100, 7], seed=1)
+    fb.extend_seq_lens = fb.extend_seq_lens - torch.tensor([0, 100], dtype=torch.int32)  # row 1 reads 7 + 100
+    with pytest.raises(RuntimeError, match="a value they subtract is negative"):
+        step(fb, hidden)
+
+
+@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror", "trtllm_mla_decode_mirror",
+                                  "trtllm_mla_verify_mirror"])
 def test_a_rewritten_mirror_path_equals_eager_over_many_lengths(mla_backends, name):
     """The rewritten mirror paths over 8 random length vectors and 4 batch sizes (3, 2, 4, 1: a static graph, then
     a dynamic one): every step equal to eager (run_path compares each), the host read gone from every graph."""
