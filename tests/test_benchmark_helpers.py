@@ -85,33 +85,6 @@ def test_compile_time_plans_cold_runs_first_then_warm_reruns_then_knobs():
         "stock-whole cold"]
 
 
-def test_compile_time_plans_the_shipped_and_precompiled_starts_and_one_on_the_kept_triton_cache():
-    import compile_time
-
-    runs = compile_time.plan_runs(["syncfree-regional", "stock-whole"], [], "syncfree-regional", warm=False,
-                                  shipped=True)
-    assert [r["name"] for r in runs] == ["syncfree-regional cold", "stock-whole cold", "syncfree-regional shipped",
-                                         "stock-whole shipped", "syncfree-regional precompiled",
-                                         "syncfree-regional precompiled kept-triton"]
-    cold, precompiled, kept = runs[0], runs[4], runs[5]
-    # fresh Inductor caches of its own, the cold run's step file and Triton cache
-    assert kept["caches"] not in (cold["caches"], precompiled["caches"]) and "triton_from" not in precompiled
-    assert kept["artifacts"] == kept["triton_from"] == cold["caches"] == "syncfree-regional"
-    assert compile_time.SAVED[kept["cache"]] == compile_time.SAVED["precompiled"]
-    env = compile_time.cache_env("/r/kept", triton_root="/r/cold")
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": "/r/kept/inductor", "TMPDIR": "/r/kept/tmp",
-                   "TRITON_CACHE_DIR": "/r/cold/triton"}
-    assert compile_time.cache_env("/r/x")["TRITON_CACHE_DIR"] == "/r/x/triton"
-    assert "syncfree-regional precompiled kept-triton" not in [
-        r["name"] for r in compile_time.plan_runs(["syncfree-regional"], [], "syncfree-regional", warm=False,
-                                                  shipped=True, kept_triton=False)]
-    walls = {("syncfree-regional", "cold"): 80.0, ("syncfree-regional", "precompiled"): 20.0}
-    assert compile_time.expected_wall(walls, kept) == 20.0 and compile_time.expected_wall(walls, runs[2]) == 80.0
-    assert compile_time.triton_written(None) == "-"
-    assert compile_time.triton_written(dict(kernels=3, written=3, present=0, conflicts=0, failed=0)) == \
-        "3 kernels: 3 written, 0 present, 0 conflicts, 0 failed"
-
-
 def test_compile_time_knobs_parse_and_name_a_bad_one():
     import compile_time
 
