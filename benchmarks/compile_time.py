@@ -5,6 +5,7 @@ cache artifacts (issues 22 and 29).
                                       [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE
                                        | opt:KEY=VALUE]
                                       [--knob-variant syncfree-regional] [--no-warm] [--no-shipped]
+                                      [--no-precompiled] [--no-kept-triton]
                                       [--budget S] [--timeout S] [--smoke]
                                       [--layers 32] [--batch 1] [--context 4096] [--steps 128]
                                       [--device cuda|cpu] [--shape 8b|tiny] [--trace DIR] [--json out.json]
@@ -15,11 +16,16 @@ call and prints one RESULT line of JSON; this process never imports torch, so it
 empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR (temporary directories); its "warm" rerun is a second
 fresh process on the same, now filled, directories (Dynamo traces again; AOT, Inductor and Triton artifacts come
 from the caches). A "shipped" run is a fresh process on new, empty directories that first loads the artifacts
-file its variant's cold run saved (compile_pass.cache.save_artifacts / load_artifacts: torch's mega-cache and the
-post-grad findings), as a serving machine does with artifacts built at image build time. A "precompiled" run
-(syncfree variants, where torch has aot_compile) is a fresh process on new, empty directories that reads the step
-its variant's cold run AOT-compiled after its timed calls (compile_pass.cache.aot_compile / load_compiled: no
-Dynamo trace at the first call). Variants:
+file its variant's cold run saved (compile_pass.cache.save_artifacts / load_artifacts: torch's mega-cache, the
+post-grad findings and, from cache FORMAT 2 on, the Triton binaries of the project's own kernels), as a serving
+machine does with artifacts built at image build time. A "precompiled" run (syncfree variants, where torch has
+aot_compile) is a fresh process on new, empty directories that reads the step its variant's cold run AOT-compiled
+after its timed calls (compile_pass.cache.aot_compile / load_compiled: no Dynamo trace at the first call; the step
+file carries the project's Triton binaries too, so that all caches empty, the project's kernels do not JIT).
+A "precompiled-kept-triton" run reads the same step in a fresh process on new, empty Inductor and TMPDIR
+directories but the cold run's own TRITON_CACHE_DIR (a Triton cache kept on disk from the build: the binaries
+the step brings are already there, so loading writes none). Their cache_load / precompiled_load records say what
+the load wrote into the Triton cache (`triton`: entries written, already present, conflicts). Variants:
   syncfree-regional   decode_loop's (e): compile_pass.compile(..., cudagraphs=True), TinyLlamaConfig(regional=True)
   syncfree-whole      (e) without regions
   stock-regional      decode_loop's (b): stock torch.compile, regional
@@ -160,7 +166,8 @@ OUTSIDE = ("outside_compile", "the first call less Dynamo's whole compile: the w
 NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False, "per_layer_kv": False}
 ARTIFACTS = "artifacts.bin"  # in a cold run's cache root: compile_pass.cache.save_artifacts' file
 PRECOMPILED = "step.aot"  # beside it: the step compile_pass.cache.aot_compile saved (syncfree variants)
-SAVED = {"shipped": (ARTIFACTS, "load_artifacts"), "precompiled": (PRECOMPILED, "load_precompiled")}  # file, spec key
+SAVED = {"shipped": (ARTIFACTS, "load_artifacts"), "precompiled": (PRECOMPILED, "load_precompiled"),
+         "precompiled-kept-triton": (PRECOMPILED, "load_precompiled")}  # start kind -> the file it loads, spec key
 SMOKE = dict(variants=["syncfree-regional", "stock-whole"], knobs=["no-checked"], device="cpu")
 
 
@@ -185,11 +192,13 @@ def parse_knob(name: str) -> dict:
     return {**NO_KNOB, ("config" if kind == "cfg" else "options"): {key: parsed}}
 
 
-def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = False) -> list[dict]:
+def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = False,
+              kept_triton: bool = True) -> list[dict]:
     """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), their
     shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
-    run's caches), then one cold run per knob (of knob_variant, whose plain cold run is added first when it is not
-    among the variants)."""
+    run's caches), their precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
+    cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob (of
+    knob_variant, whose plain cold run is added first when it is not among the variants)."""
     cold = list(variants)
     if knobs and knob_variant not in cold:
         cold.insert(0, knob_variant)
@@ -201,15 +210,21 @@ def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = Fa
                       artifacts=v) for v in cold]
         runs += [dict(name=f"{v} precompiled", variant=v, knob="default", cache="precompiled",
                       caches=f"{v}+precompiled", artifacts=v) for v in cold if VARIANTS[v][0] == "e"]
+        if kept_triton:
+            runs += [dict(name=f"{v} precompiled kept-triton", variant=v, knob="default",
+                          cache="precompiled-kept-triton", caches=f"{v}+precompiled-kept-triton", artifacts=v,
+                          triton_from=v) for v in cold if VARIANTS[v][0] == "e"]
     runs += [dict(name=f"{knob_variant} cold {k}", variant=knob_variant, knob=k, cache="cold",
                   caches=f"{knob_variant}+{k}") for k in knobs]
     return runs
 
 
 def expected_wall(walls: dict, run: dict) -> float:
-    """What a run is expected to take: its variant's run of the same cache kind, else (a shipped or precompiled
-    start) its warm run, else its cold run, else the longest run so far."""
-    for cache in (run["cache"], "warm" if run["cache"] != "cold" else None, "cold"):
+    """What a run is expected to take: its variant's run of the same cache kind, else (a kept-triton start) its
+    precompiled start, else (a shipped or precompiled start) its warm run, else its cold run, else the longest run
+    so far."""
+    for cache in (run["cache"], "precompiled" if run["cache"] == "precompiled-kept-triton" else None,
+                  "warm" if run["cache"] != "cold" else None, "cold"):
         if (run["variant"], cache) in walls:
             return walls[(run["variant"], cache)]
     return max(walls.values(), default=0.0)
@@ -576,8 +591,9 @@ def _precompile(out: dict, spec: dict, model, fb, k_pool, v_pool, max_context_le
     try:
         aot = compile_pass.cache.aot_compile(_step_of_inputs, (model, fb, k_pool, v_pool),
                                              max_context_len=max_context_len, cudagraphs=True)
-        aot.save_compiled_function(spec["save_precompiled"])
-        out["precompiled_saved"] = dict(s=time.perf_counter() - start, bytes=os.path.getsize(spec["save_precompiled"]))
+        saved = aot.save_compiled_function(spec["save_precompiled"])
+        out["precompiled_saved"] = dict(s=time.perf_counter() - start, bytes=os.path.getsize(spec["save_precompiled"]),
+                                        triton=getattr(saved, "triton", None))
     except Exception as e:  # noqa: BLE001  (recorded: the precompiled run is then skipped)
         out["precompiled_saved"] = dict(error=f"{type(e).__name__}: {e}"[:400])
 
@@ -641,6 +657,7 @@ def child(spec: dict) -> dict:
         loaded = compile_pass.cache.load_compiled(
             spec["load_precompiled"], fallback=lambda model, fb, k, v: fallbacks.append(1) or normal(fb))
         out["precompiled_load"] = dict(s=time.perf_counter() - start, loaded=loaded.compiled is not None,
+                                       triton=getattr(getattr(loaded, "info", None), "triton", None),
                                        fallback_calls=fallbacks)
         fn = lambda fb: loaded(model, fb, k_pool, v_pool)  # noqa: E731
     if spec.get("load_artifacts"):  # a shipped-cache start: the artifacts first, as a server's start-up does
@@ -653,7 +670,8 @@ def child(spec: dict) -> dict:
             warnings.simplefilter("always", compile_pass.cache.ArtifactsMismatch)
             info = compile_pass.cache.load_artifacts(spec["load_artifacts"])
         out["cache_load"] = dict(s=time.perf_counter() - start, loaded=info.loaded, reason=info.reason,
-                                 counts=info.counts, warnings=[str(w.message)[:300] for w in caught])
+                                 counts=info.counts, triton=getattr(info, "triton", None),
+                                 warnings=[str(w.message)[:300] for w in caught])
 
     metrics_start = len(list((private("torch._dynamo.utils.get_compilation_metrics") or (lambda: []))()))
     times0, counters0, mark0 = _time_metrics(), _counters(), probes.mark()
@@ -725,6 +743,7 @@ def child(spec: dict) -> dict:
         try:
             info = compile_pass.cache.save_artifacts(spec["save_artifacts"])
             out["artifacts_saved"] = dict(s=time.perf_counter() - start, counts=info.counts,
+                                          triton=getattr(info, "triton", None),
                                           bytes=os.path.getsize(spec["save_artifacts"]))
         except Exception as e:  # noqa: BLE001  (recorded: the shipped run is then skipped)
             out["artifacts_saved"] = dict(error=f"{type(e).__name__}: {e}"[:300])
@@ -748,10 +767,19 @@ def count_files(root: str, suffix: str) -> int:
     return sum(1 for _ in Path(root).rglob(f"*{suffix}")) if os.path.isdir(root) else 0
 
 
-def run_child(args, run: dict, cache_root: str, timeout: float, artifacts: dict | None = None) -> dict:
+def cache_env(cache_root: str, triton_root: str | None = None) -> dict:
+    """A run's cache directories: Inductor's, TMPDIR and Triton's under cache_root, Triton's under triton_root
+    where given (a kept-triton start reads its cold run's)."""
+    return dict(TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor", TMPDIR=f"{cache_root}/tmp",
+                TRITON_CACHE_DIR=f"{triton_root or cache_root}/triton")
+
+
+def run_child(args, run: dict, cache_root: str, timeout: float, artifacts: dict | None = None,
+              triton_root: str | None = None) -> dict:
+    """One fresh process on the caches under cache_root (its TRITON_CACHE_DIR under triton_root where given: a
+    kept-triton start on its cold run's Triton cache)."""
     env = dict(os.environ)
-    env.update(TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor", TRITON_CACHE_DIR=f"{cache_root}/triton",
-               TMPDIR=f"{cache_root}/tmp", PYTHONUNBUFFERED="1")
+    env.update(cache_env(cache_root, triton_root), PYTHONUNBUFFERED="1")
     os.makedirs(env["TMPDIR"], exist_ok=True)
     env.update(parse_knob(run["knob"])["env"])
     if args.trace:
@@ -784,12 +812,25 @@ def run_child(args, run: dict, cache_root: str, timeout: float, artifacts: dict 
     return result
 
 
+def triton_written(t: dict | None) -> str:
+    """What a load did with the project's Triton binaries, in words ("-" where the file had none)."""
+    if not t:
+        return "-"
+    return (f"{t.get('kernels', 0)} kernels: {t.get('written', 0)} written, {t.get('present', 0)} present, "
+            f"{t.get('conflicts', 0)} conflicts, {t.get('failed', 0)} failed")
+
+
 def load_seconds(r: dict) -> float | None:
     """Seconds a start spent loading before its first call: the shipped artifacts, or the precompiled step."""
     for key in ("cache_load", "precompiled_load"):
         if r.get(key):
             return r[key]["s"]
     return None
+
+
+def project_jit_seconds(r: dict) -> float | None:
+    """Seconds of the first call in Triton compiles (or cache loads) of the project's own kernels."""
+    return ((r.get("probes_first_call") or {}).get("triton") or {}).get("project_kernels_jit_s")
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -857,7 +898,8 @@ def summary_lines(r: dict) -> list[str]:
     if r.get("cache_load"):
         cl = r["cache_load"]
         lines.append(f"- shipped artifacts: loaded {cl['loaded']} in {cl['s']:.2f} s {cl['counts']}"
-                     + (f" ({cl['reason']})" if cl["reason"] else ""))
+                     + (f" ({cl['reason']})" if cl["reason"] else "")
+                     + (f"; project Triton binaries {triton_written(cl.get('triton'))}" if cl.get("triton") else ""))
     for key in ("artifacts_saved", "precompiled_saved", "precompiled_load"):
         if r.get(key):
             lines.append(f"- {key.replace('_', ' ')}: {r[key]}")
@@ -880,6 +922,8 @@ def parse_args(argv=None):
                         help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
     parser.add_argument("--no-precompiled", dest="precompiled", action="store_false",
                         help="no precompiled starts (the cold syncfree runs then do not AOT-compile the step again)")
+    parser.add_argument("--no-kept-triton", dest="kept_triton", action="store_false",
+                        help="no precompiled starts on the cold run's Triton cache (precompiled-kept-triton)")
     parser.add_argument("--smoke", action="store_true",
                         help="the CPU smoke run: " + ", ".join(f"--{k} {v if isinstance(v, str) else ' '.join(v)}"
                                                               for k, v in SMOKE.items()) + ", --shape tiny")
@@ -924,8 +968,9 @@ def main(argv=None):
     # A stage's time limit sends SIGTERM: end as an exception does, so that the running child is killed and the
     # cache directories are removed; the JSON already holds every finished run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    runs = [r for r in plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped)
-            if args.precompiled or r["cache"] != "precompiled"]
+    runs = [r for r in plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped,
+                                 kept_triton=args.kept_triton)
+            if args.precompiled or not r["cache"].startswith("precompiled")]
     data = dict(args={k: v for k, v in vars(args).items() if k != "child"}, command=" ".join(sys.argv),
                 legend=dict(phases=PHASES, derived={k: v[0] for k, v in DERIVED.items()}, outside_compile=OUTSIDE[1]),
                 runs=[], skipped=[])
@@ -941,7 +986,7 @@ def main(argv=None):
             why = None
             if run["cache"] == "warm" and run["caches"] in failed:
                 why = "its cold run failed"
-            elif run["cache"] in ("shipped", "precompiled") and not os.path.exists(
+            elif run["cache"] in SAVED and not os.path.exists(
                     os.path.join(roots.get(run["artifacts"], "-"), SAVED[run["cache"]][0])):
                 why = "its cold run saved no " + ("artifacts" if run["cache"] == "shipped" else "precompiled step")
             elif left is not None and left < max(expected * 1.1, 10.0):
@@ -958,10 +1003,11 @@ def main(argv=None):
                 artifacts = dict(save_artifacts=os.path.join(root, ARTIFACTS))
                 if args.precompiled:
                     artifacts["save_precompiled"] = os.path.join(root, PRECOMPILED)
-            elif run["cache"] in ("shipped", "precompiled"):
+            elif run["cache"] in SAVED:
                 file, key = SAVED[run["cache"]]
                 artifacts = {key: os.path.join(roots[run["artifacts"]], file)}
-            result = run_child(args, run, root, timeout, artifacts)
+            result = run_child(args, run, root, timeout, artifacts,
+                               triton_root=roots[run["triton_from"]] if run.get("triton_from") else None)
             if "error" in result:
                 failed.add(run["caches"])
             elif run["knob"] == "default":
@@ -976,10 +1022,10 @@ def main(argv=None):
             shutil.rmtree(root, ignore_errors=True)
     data["table"] = [dict(run=r["run"]["name"], first_call_s=r.get("first_call_s"),
                           backend_s=(r.get("phases_first_call") or {}).get("backend_call"),
-                          cache_load_s=load_seconds(r),
+                          cache_load_s=load_seconds(r), project_kernels_jit_s=project_jit_seconds(r),
                           error=r.get("error")) for r in data["runs"]]
     print("\nrun | first call s | dynamo own s | backend s | inductor s | async compile wait s | outside compile s"
-          " | cache load s | fx cache")
+          " | project kernels JIT s | cache load s | fx cache")
     for r in data["runs"]:
         if "error" in r:
             print(f"{r['run']['name']} | error: {r['error']}")
@@ -987,7 +1033,8 @@ def main(argv=None):
         p, d = r["phases_first_call"], r["derived_first_call"]
         print(" | ".join([r["run"]["name"], _f(r["first_call_s"]), _f(d["dynamo_own"]), _f(p["backend_call"]),
                           _f(p["inductor_compile_fx_inner"]), _f(p["triton_async_wait"]), _f(d[OUTSIDE[0]]),
-                          _f(load_seconds(r), "{:.2f}"), str(r["counts"]["fx_graph_cache"])]))
+                          _f(project_jit_seconds(r), "{:.2f}"), _f(load_seconds(r), "{:.2f}"),
+                          str(r["counts"]["fx_graph_cache"])]))
     write(args.json, data)
 
 

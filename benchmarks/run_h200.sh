@@ -32,12 +32,17 @@
 #   compile-time  benchmarks/compile_time.py: where the 8B-shaped loop's cold first call goes (issue 22); each
 #              variant (syncfree / stock, regional / whole) cold and warm in fresh processes, then knob runs while
 #              the budget ($CT_LIMIT - 20 s) lasts; $CT_ARGS replaces the default knob list (and may add flags)
-#   startup    benchmarks/compile_time.py for issue 29: syncfree regional / whole and stock whole / regional, each
-#              cold (empty caches), warm (a second process on the same caches) and shipped (a third process on
-#              new empty caches that first loads the artifacts the cold run saved with compile_pass.cache), with
-#              the breakdown and kernel counts; then knob runs (levers) while the budget ($STARTUP_LIMIT - 20 s)
-#              lasts; $STARTUP_ARGS replaces the default knob list (and may add flags). Fits one device call:
-#              STARTUP_LIMIT defaults to 500 s
+#   startup    benchmarks/compile_time.py for issue 29: the variants of $STARTUP_VARIANTS (default all four:
+#              "syncfree-regional syncfree-whole stock-whole stock-regional"), each cold (empty caches), warm (a
+#              second process on the same caches) and shipped (a third process on new empty caches that first
+#              loads the artifacts the cold run saved with compile_pass.cache); the syncfree ones also precompiled
+#              (the step the cold run saved with aot_compile, all caches new and empty: its Triton binaries come
+#              from the file) and precompiled kept-triton (the same step on the cold run's Triton cache, new
+#              empty Inductor cache), with the breakdown and kernel counts; then knob runs (levers) while the
+#              budget ($STARTUP_LIMIT - 20 s) lasts; $STARTUP_ARGS replaces the default knob list (and may add
+#              flags: "--no-warm --knobs" for no warm reruns and no knobs). Fits one device call: STARTUP_LIMIT
+#              defaults to 500 s. A short call for the precompiled starts alone:
+#              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=360
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -175,7 +180,7 @@ for stage in "$@"; do
       st_limit=${STARTUP_LIMIT:-500}
       # shellcheck disable=SC2086
       TAIL=80 bench "$st_limit" startup compile_time.py --budget $((st_limit - 20)) --timeout 200 \
-        --variants syncfree-regional syncfree-whole stock-whole stock-regional \
+        --variants ${STARTUP_VARIANTS:-syncfree-regional syncfree-whole stock-whole stock-regional} \
         ${STARTUP_ARGS:---knobs no-cudagraph-trees no-checked prewarm-pool no-pointwise-autotune} \
         --json "$OUT/startup.json"
       ;;

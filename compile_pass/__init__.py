@@ -57,9 +57,13 @@ if not _LIGHT:
     from .tracing import register_disabled_launcher, registered_launchers, unregister_disabled_launcher
 
     from .log import register_with_torch as _register_log
+    from ._triton_cache import install as _record_triton_compiles
 
     register_builtin_consumers()
     _register_log()  # TORCH_LOGS=syncfree, torch._logging.set_logs(modules={"syncfree": logging.INFO})
+    # Triton's compiles and cache hits of this package's kernels, for compile_pass.cache to ship their binaries
+    # (before any of them can launch: they are defined in this package).
+    _record_triton_compiles()
 
 __all__ = [
     "compile",

@@ -29,6 +29,14 @@ def inductor_cache_dir() -> str:
     return cache_dir()
 
 
+def inductor_triton_cache_dir(device: int) -> str:
+    """Where Inductor points TRITON_CACHE_DIR (when unset) as it builds its first kernel launcher in a process:
+    TRITON_CACHE_DIR itself where set, else <Inductor's cache dir>/triton/<device>."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    return triton_cache_dir(device)
+
+
 def inductor_config_value(name: str):
     from torch._inductor import config
 
@@ -457,9 +465,29 @@ def aot_compile(compiled, args: tuple, kwargs: dict):
         return compiled.aot_compile((tuple(args), dict(kwargs)))
 
 
-def load_compiled_function(path: str):
-    with open(path, "rb") as f:
-        return torch.compiler.load_compiled_function(f)
+def compiled_function_bytes(compiled, directory: str, external_data: dict | None = None) -> bytes:
+    """What `compiled.save_compiled_function(path)` writes (torch's own format), as bytes; written through a
+    temporary file in `directory`, as torch writes only to a path."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".syncfree-", suffix=".aot.tmp", dir=directory)
+    os.close(fd)
+    try:
+        if external_data is None:
+            compiled.save_compiled_function(tmp)
+        else:
+            compiled.save_compiled_function(tmp, external_data)
+        with open(tmp, "rb") as f:
+            return f.read()
+    finally:
+        os.unlink(tmp)
+
+
+def load_compiled_function_bytes(data: bytes):
+    import io
+
+    return torch.compiler.load_compiled_function(io.BytesIO(data))
 
 
 def precompiling() -> bool:

@@ -11,21 +11,29 @@
 
 `save_artifacts` wraps torch's mega-cache (`torch.compiler.save_cache_artifacts`: the FX graph cache, AOT
 autograd's cache, Triton kernels, autotuning results of everything this process compiled or loaded) and adds
-the post-grad check's findings of those graphs, which torch does not know of: without them a loaded FX-graph-cache
-hit would compile once more without the cache. Loading writes both into this process's caches
-(TORCHINDUCTOR_CACHE_DIR): the first call then traces with Dynamo again but runs neither AOT autograd nor Inductor
-nor Triton's compiler.
+what torch does not know of: the post-grad check's findings of those graphs (without them a loaded FX-graph-cache
+hit would compile once more without the cache), and the Triton binaries of this package's own kernels (kernels/:
+page_table, paged_decode, ...) that this process compiled or loaded. Those run outside Inductor, launched by the
+package's custom ops, so torch's artifacts do not hold them; without them each JITs at its first launch (1.85 s
+of a precompiled start on an H200). compile_pass._triton_cache says how they are found (Triton's compilation
+listener, by the module that defines the kernel) and written. Loading writes all three into this process's caches
+(TORCHINDUCTOR_CACHE_DIR; TRITON_CACHE_DIR, or where Triton and Inductor would put it when unset), never replacing
+a different file already there: the first call then traces with Dynamo again but runs neither AOT autograd nor
+Inductor nor Triton's compiler.
 
-A file carries who built it (torch, triton, Python, the GPU, a hash of this package's source). One that does not
-match this process, is damaged or is not an artifacts file is not loaded: `load_artifacts` warns
-(`ArtifactsMismatch`), names what differs and returns a result whose `loaded` is False, and the step then compiles
-as it would without it. Every cache key also covers the versions, the options and the pass's code, so a file that
-slipped through can only miss, never serve another graph. The file holds pickled torch artifacts: load only files
-you built.
+A file carries who built it (torch, triton, Python, the GPU, a hash of this package's source) and its format
+(FORMAT). One that does not match this process, is damaged, is of another format (an older torch-syncfree's) or is
+not an artifacts file is not loaded: `load_artifacts` warns (`ArtifactsMismatch`), names what differs and returns a
+result whose `loaded` is False, nothing of it is written (no Triton binary either), and the step then compiles as it
+would without it. Every cache key also covers the versions, the options and the pass's code, so a file that slipped
+through can only miss, never serve another graph. The file holds pickled torch artifacts: load only files you built.
 
-`aot_compile` / `load_compiled` (torch >= 2.12, where torch has `aot_compile`) go further: the Dynamo trace is
-saved too, so the first call traces nothing. A loaded step checks Dynamo's guards on each call and runs the normal
-compile (`fallback`) for inputs the saved graph does not cover, or for a file that does not load.
+`aot_compile` / `load_compiled` (where torch has `aot_compile`: 2.11 and 2.13 here) go further: the Dynamo trace is
+saved too, so the first call traces nothing. `aot_compile(...).save_compiled_function(path)` writes one file of
+the same kind: torch's compiled function, the package's Triton binaries and the same identity, checked before
+anything is loaded or written. A loaded step checks Dynamo's guards on each call and runs the normal compile
+(`fallback`) for inputs the saved graph does not cover, or for a file that does not load. A step file of torch's
+own format (written by `save_compiled_function` before FORMAT 2) still loads, without binaries.
 """
 
 from __future__ import annotations
@@ -41,10 +49,14 @@ from typing import Any, Callable
 
 import torch
 
-from . import _compat
+from . import _compat, _triton_cache
 
 MAGIC = b"SYNCFREE-ARTIFACTS\n"
-FORMAT = 1
+# 1: torch's artifacts and the findings. 2: the Triton binaries of the package's kernels too, and a `kind`
+# (ARTIFACTS: save_artifacts' file; STEP: aot_compile's save_compiled_function, torch's compiled function inside).
+FORMAT = 2
+ARTIFACTS, STEP = "artifacts", "compiled_step"
+_NOT_IDENTITY = ("findings", "torch_bytes", "sha256", "triton_kernels", "kind")  # header fields that say what, not who
 
 
 class ArtifactsMismatch(UserWarning):
@@ -58,13 +70,17 @@ class ArtifactsError(RuntimeError):
 @dataclasses.dataclass
 class ArtifactsInfo:
     """What a save wrote or a load read: `loaded` (False when a load was refused), why not (`reason`), the
-    artifact counts by kind (torch's "inductor", "aot_autograd", "autotune", ..., and our "syncfree_findings")."""
+    artifact counts by kind (torch's "inductor", "aot_autograd", "autotune", ..., and our "syncfree_findings",
+    "triton_kernels"), and what became of the package's Triton binaries (`triton`)."""
 
     path: str
     loaded: bool = True
     reason: str = ""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     built_by: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The package's Triton kernels: saved ({"kernels", "bytes", "names"}) or written at a load ({"kernels",
+    # "written", "present", "conflicts", "failed", "dirs"}: entries per outcome, summed over the dirs).
+    triton: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return self.loaded
@@ -94,8 +110,23 @@ def _mismatches(built: dict, here: dict) -> list[str]:
     return [f"{key} {built.get(key)!r} (this process: {here[key]!r})" for key in here if built.get(key) != here[key]]
 
 
+def _write(path: Path, kind: str, blob: bytes, **fields) -> dict:
+    """Write MAGIC, the header (identity, kind, the package's Triton binaries, `fields`) and torch's bytes,
+    atomically; the Triton summary of what went in."""
+    entries = _triton_cache.collect()
+    header = {**identity(), **fields, "kind": kind, "triton_kernels": _triton_cache.encode(entries),
+              "torch_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    data = json.dumps(header, sort_keys=True).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(MAGIC + struct.pack("<Q", len(data)) + data + blob)
+    tmp.replace(path)
+    return dict(kernels=len(entries), bytes=sum(len(d) for e in entries for d in e["files"].values()),
+                names=sorted({e["name"] for e in entries}))
+
+
 def save_artifacts(path: str | Path) -> ArtifactsInfo:
-    """Write every compile artifact this process made or loaded (torch's and the post-grad findings) to `path`."""
+    """Write every compile artifact this process made or loaded (torch's, the post-grad findings and the
+    package's Triton binaries) to `path`."""
     from .post_grad_check import findings_seen
 
     blob = _compat.save_cache_artifacts()
@@ -103,35 +134,69 @@ def save_artifacts(path: str | Path) -> ArtifactsInfo:
         raise ArtifactsError("no compile artifacts were recorded in this process: call the compiled step (every "
                              "shape you will serve) before save_artifacts")
     findings = findings_seen()
-    header = {**identity(), "findings": findings, "torch_bytes": len(blob),
-              "sha256": hashlib.sha256(blob).hexdigest()}
-    data = json.dumps(header, sort_keys=True).encode()
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(MAGIC + struct.pack("<Q", len(data)) + data + blob)
-    tmp.replace(path)
-    return ArtifactsInfo(str(path), counts={"torch_bytes": len(blob), "syncfree_findings": len(findings)},
-                         built_by=identity())
+    triton = _write(path, ARTIFACTS, blob, findings=findings)
+    return ArtifactsInfo(str(path), counts={"torch_bytes": len(blob), "syncfree_findings": len(findings),
+                                            "triton_kernels": triton["kernels"]},
+                         built_by=identity(), triton=triton)
 
 
-def _read(path: Path) -> tuple[dict, bytes]:
-    """(header, torch's bytes); ValueError saying what is wrong with the file."""
-    raw = path.read_bytes()
+class _Refused(ValueError):
+    """A file that must not load, and why (with who built it, where its header says)."""
+
+    def __init__(self, why: str, built_by: dict | None = None):
+        super().__init__(why)
+        self.built_by = built_by or {}
+
+
+def _read(raw: bytes, kind: str) -> tuple[dict, bytes, list[dict]]:
+    """(header, torch's bytes, the Triton entries) of a file's contents of this kind, format and identity;
+    _Refused saying what is wrong with it. Nothing is written here."""
     if not raw.startswith(MAGIC):
-        raise ValueError("not a torch-syncfree artifacts file (compile_pass.cache.save_artifacts writes them)")
+        raise _Refused("not a torch-syncfree artifacts file (compile_pass.cache.save_artifacts writes them)")
     start = len(MAGIC) + 8
     if len(raw) < start:
-        raise ValueError("the file is truncated")
+        raise _Refused("the file is truncated")
     (size,) = struct.unpack("<Q", raw[len(MAGIC):start])
     try:
         header = json.loads(raw[start:start + size])
     except ValueError:
-        raise ValueError("its header is damaged") from None
+        raise _Refused("its header is damaged") from None
+    if not isinstance(header, dict):
+        raise _Refused("its header is damaged")
+    built_by = {k: v for k, v in header.items() if k not in _NOT_IDENTITY}
+    if header.get("format") != FORMAT:
+        raise _Refused(f"it is of file format {header.get('format')!r}, written by another version of "
+                       f"torch-syncfree (this one reads format {FORMAT}): build it again", built_by)
     blob = raw[start + size:]
-    if not isinstance(header, dict) or len(blob) != header.get("torch_bytes") \
-            or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
-        raise ValueError("its contents are damaged (size or checksum)")
-    return header, blob
+    if len(blob) != header.get("torch_bytes") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
+        raise _Refused("its contents are damaged (size or checksum)", built_by)
+    try:
+        entries = _triton_cache.decode(header.get("triton_kernels", []))
+    except ValueError as e:
+        raise _Refused(str(e), built_by) from None
+    found = header.get("kind", ARTIFACTS)
+    if found != kind:
+        raise _Refused("it is " + ("a compiled step (aot_compile's save_compiled_function): load it with "
+                                   "compile_pass.cache.load_compiled" if found == STEP else
+                                   "an artifacts file (save_artifacts): load it with compile_pass.cache.load_artifacts"
+                                   if found == ARTIFACTS else f"of kind {found!r}"), built_by)
+    differs = _mismatches(header, identity())
+    if differs:
+        raise _Refused("built with " + ", ".join(differs), built_by)
+    return header, blob, entries
+
+
+def _write_triton(entries: list[dict]) -> dict:
+    """The package's Triton binaries into this process's Triton cache; an OSError is counted, not raised (the
+    kernels then JIT as without them)."""
+    if not entries:
+        return {}
+    try:
+        return _triton_cache.write(entries)
+    except OSError as e:  # the cache directory itself cannot be made
+        return dict(kernels=len(entries), written=0, present=0, conflicts=0, failed=len(entries), dirs=[],
+                    error=f"{type(e).__name__}: {str(e)[:200]}")
 
 
 def load_artifacts(path: str | Path, *, strict: bool = False) -> ArtifactsInfo:
@@ -148,15 +213,12 @@ def load_artifacts(path: str | Path, *, strict: bool = False) -> ArtifactsInfo:
         return ArtifactsInfo(str(path), loaded=False, reason=why, built_by=built_by or {})
 
     try:
-        header, blob = _read(Path(path))
+        header, blob, entries = _read(Path(path).read_bytes(), ARTIFACTS)
     except OSError as e:
         return refuse(f"cannot read it ({e.strerror or e})")
-    except ValueError as e:
-        return refuse(str(e))
-    built_by = {k: v for k, v in header.items() if k not in ("findings", "torch_bytes", "sha256")}
-    differs = _mismatches(header, identity())
-    if differs:
-        return refuse("built with " + ", ".join(differs), built_by)
+    except _Refused as e:
+        return refuse(str(e), e.built_by)
+    built_by = {k: v for k, v in header.items() if k not in _NOT_IDENTITY}
     try:
         counts = _compat.load_cache_artifacts(blob)
     except Exception as e:  # noqa: BLE001  (torch writing its caches: a full or read-only disk, say)
@@ -167,10 +229,12 @@ def load_artifacts(path: str | Path, *, strict: bool = False) -> ArtifactsInfo:
     findings = header.get("findings") or {}
     for key, entry in findings.items():
         save_findings(key, entry)
-    return ArtifactsInfo(str(path), counts={**counts, "syncfree_findings": len(findings)}, built_by=built_by)
+    triton = _write_triton(entries)
+    return ArtifactsInfo(str(path), counts={**counts, "syncfree_findings": len(findings),
+                                            "triton_kernels": len(entries)}, built_by=built_by, triton=triton)
 
 
-# -- AOT precompile: the Dynamo trace saved too (torch >= 2.12) ------------------------------------------------------
+# -- AOT precompile: the Dynamo trace saved too (where torch has aot_compile) ----------------------------------------
 def _require_aot() -> None:
     why = _compat.aot_compile_supported()
     if why:
@@ -178,7 +242,32 @@ def _require_aot() -> None:
                              "which every supported torch has")
 
 
-def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_context_len: int, **options):
+class CompiledStep:
+    """aot_compile's result: callable as torch's AOT-compiled function is (its other attributes are torch's);
+    `save_compiled_function(path)` writes one file with torch's compiled function, the package's Triton binaries
+    and who built it, which load_compiled reads."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "compiled":
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+    def save_compiled_function(self, path: str | Path, external_data: dict | None = None) -> ArtifactsInfo:
+        path = Path(path)
+        blob = _compat.compiled_function_bytes(self.compiled, str(path.parent), external_data)
+        triton = _write(path, STEP, blob)
+        return ArtifactsInfo(str(path), counts={"torch_bytes": len(blob), "triton_kernels": triton["kernels"]},
+                             built_by=identity(), triton=triton)
+
+
+def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_context_len: int,
+                **options) -> CompiledStep:
     """Compile `fn` through the backend for these example inputs, Dynamo's trace included; the result is callable
     and has save_compiled_function(path). Options as compile_pass.compile's (fullgraph is implied)."""
     from .backend import syncfree_backend
@@ -191,7 +280,7 @@ def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_co
         compiled = torch.compile(fn, backend=syncfree_backend, options=options, fullgraph=True)
     with _compat.capture_scalar_outputs():
         try:
-            return _compat.aot_compile(compiled, args, kwargs or {})
+            return CompiledStep(_compat.aot_compile(compiled, args, kwargs or {}))
         except RuntimeError as e:
             if "SerializableCallable" not in str(e):
                 raise
@@ -201,12 +290,13 @@ def aot_compile(fn: Callable, args: tuple, kwargs: dict | None = None, *, max_co
 
 class LoadedStep:
     """An AOT-compiled step read back: its guards are checked on each call; inputs they do not cover go to
-    `fallback` (the normal compile)."""
+    `fallback` (the normal compile). `info` says what was loaded (its `triton`: the package's binaries written)."""
 
-    def __init__(self, compiled, fallback: Callable | None, path: str):
+    def __init__(self, compiled, fallback: Callable | None, path: str, info: ArtifactsInfo | None = None):
         self.compiled = compiled
         self.fallback = fallback
         self.path = path
+        self.info = info if info is not None else ArtifactsInfo(path, loaded=compiled is not None)
         if compiled is not None:
             compiled.disable_guard_check()  # checked here, once per call
 
@@ -220,18 +310,36 @@ class LoadedStep:
 
 
 def load_compiled(path: str | Path, fallback: Callable | None = None, *, strict: bool = False) -> LoadedStep:
-    """Read a step saved by aot_compile(...).save_compiled_function(path). A file that does not load (another
-    torch or GPU, damaged) warns (ArtifactsMismatch) and every call goes to `fallback`, e.g.
-    compile_pass.compile(step, ...); strict=True raises instead."""
+    """Read a step saved by aot_compile(...).save_compiled_function(path), and write the package's Triton binaries
+    it holds into this process's Triton cache. A file that does not load (another torch, GPU or version of this
+    package, damaged) warns (ArtifactsMismatch), writes nothing and every call goes to `fallback`, e.g.
+    compile_pass.compile(step, ...); strict=True raises instead. A file of torch's own format (an older
+    save_compiled_function's) loads as torch reads it, without binaries."""
+    built_by: dict = {}
     try:
         _require_aot()
-        compiled = _compat.load_compiled_function(str(path))
+        raw = Path(path).read_bytes()
+        if raw.startswith(MAGIC):
+            header, blob, entries = _read(raw, STEP)
+            built_by = {k: v for k, v in header.items() if k not in _NOT_IDENTITY}
+        else:
+            blob, entries = raw, []
+        compiled = _compat.load_compiled_function_bytes(blob)
     except Exception as e:  # noqa: BLE001  (torch raises many kinds here: version checks, unpickling)
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-        message = (f"syncfree: compiled step {path} not loaded ({type(e).__name__}: {first}); "
+        if isinstance(e, _Refused):
+            why = str(e)
+            built_by = e.built_by
+        else:
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            why = f"{type(e).__name__}: {first}"
+        message = (f"syncfree: compiled step {path} not loaded ({why}); "
                    + ("calls go to the fallback compile" if fallback is not None else "no fallback was given"))
         if strict or fallback is None:
             raise ArtifactsError(message) from e
         warnings.warn(message, ArtifactsMismatch, stacklevel=2)
-        compiled = None
-    return LoadedStep(compiled, fallback, str(path))
+        return LoadedStep(None, fallback, str(path), ArtifactsInfo(str(path), loaded=False, reason=why,
+                                                                   built_by=built_by))
+    triton = _write_triton(entries)
+    info = ArtifactsInfo(str(path), counts={"torch_bytes": len(blob), "triton_kernels": len(entries)},
+                         built_by=built_by, triton=triton)
+    return LoadedStep(compiled, fallback, str(path), info)

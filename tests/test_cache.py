@@ -3,9 +3,12 @@ process hits the FX graph cache and AOT autograd's cache for the same syncfree s
 a fact or the pass's code changes, and shipped artifacts (compile_pass.cache) load in a fresh process with empty
 caches without compiling again, or warn and compile normally when they do not match."""
 
+import base64
 import json
 import os
+import pathlib
 import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -136,12 +139,200 @@ def test_foreign_damaged_and_missing_files_warn_and_load_nothing(tmp_path):
     assert info.built_by["torch"] == foreign
     _refused(_forge(tmp_path / "gpu.bin", cuda="NVIDIA H100 (sm90, CUDA 12.8)"), "cuda 'NVIDIA H100")
     _refused(_forge(tmp_path / "code.bin", torch_syncfree_source="0" * 64), "torch_syncfree_source")
+    # A file of the format before the Triton binaries (an older torch-syncfree's): refused, naming the format.
+    _refused(_forge(tmp_path / "format1.bin", format=1), "file format 1.*build it again")
+    _refused(_forge(tmp_path / "step.bin", kind=cache.STEP), "a compiled step.*load_compiled")
     damaged = _forge(tmp_path / "damaged.bin")
     damaged.write_bytes(damaged.read_bytes()[:-3] + b"xyz")
     _refused(damaged, "damaged")
     # A well-formed file whose torch part torch cannot read: torch says so in its log, we in a warning.
     _refused(_forge(tmp_path / "garbage.bin", blob=b"\x00\x01 not torch's format"), "torch could not read")
 
+
+
+# -- the Triton binaries of the package's own kernels (no compile: Triton's cache entries made as it makes them) ---
+def _triton_entry(kernel, tag: bytes, cache_hit=None):
+    """A Triton cache entry of `kernel` in TRITON_CACHE_DIR, written as triton.compiler.compile writes one
+    (Triton's FileCacheManager: the files, then the group file of their paths), and, unless cache_hit is None,
+    Triton's report of it to its compilation listener, as at a compile (False) or a cache hit (True).
+    (key, name, {file name: bytes})."""
+    import hashlib
+
+    import triton
+    from triton.compiler import ASTSource
+    from triton.runtime.cache import FileCacheManager
+
+    name = kernel.__name__
+    key = hashlib.sha256(kernel.__module__.encode() + name.encode() + tag).hexdigest()[:52]
+    manager = FileCacheManager(key)
+    files = {f"{name}.source": b"# " + name.encode() + tag, f"{name}.ttir": b"module { " + tag + b" }",
+             f"{name}.cubin": b"\x7fELF\x02\x01" + hashlib.sha256(tag).digest() * 64,
+             f"{name}.json": json.dumps({"name": name, "hash": key, "num_warps": 4}).encode()}
+    group = {child: manager.put(data, child) for child, data in files.items()}
+    manager.put_group(f"{name}.json", group)
+    listener = triton.knobs.compilation.listener  # None where nothing listens (nothing records then)
+    if cache_hit is not None and listener is not None:
+        listener(src=ASTSource(kernel, {}), metadata=json.loads(files[f"{name}.json"]), metadata_group=group,
+                 times=None, cache_hit=cache_hit)
+    return key, name, files
+
+
+def _other_librarys_kernel():
+    """A @triton.jit kernel of the package's own name, defined outside the package (another library's)."""
+    import triton
+
+    @triton.jit
+    def page_table_kernel(x):
+        pass
+
+    return page_table_kernel
+
+
+def _listing(root) -> dict:
+    """{path under root: bytes} of every file below it."""
+    root = pathlib.Path(root)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} \
+        if root.exists() else {}
+
+
+def _triton_hit(root, key, name) -> dict | None:
+    """What Triton's compile reads for this entry in TRITON_CACHE_DIR=root: the group's files (a cache hit) or
+    None (a miss)."""
+    from triton.runtime.cache import FileCacheManager
+
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(root)
+    try:
+        return FileCacheManager(key).get_group(f"{name}.json")
+    finally:
+        if old is None:
+            del os.environ["TRITON_CACHE_DIR"]
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def triton_build(tmp_path, monkeypatch):
+    """A build process's Triton cache (TRITON_CACHE_DIR=tmp/build-triton) with entries of two of the package's
+    kernels that Triton reported (one compiled, one a cache hit), another library's kernel of the same name as
+    ours (reported too), and an older build's entry of ours that this process never used; torch's part of the
+    artifacts stubbed (no compile). Returns the package's entries, the others' keys and the saved file."""
+    pytest.importorskip("triton")
+    from compile_pass import _compat, _triton_cache
+    from compile_pass.kernels.page_table_kernel import page_table_kernel
+    from compile_pass.kernels.paged_decode_kernel import paged_decode_combine_kernel
+
+    monkeypatch.setattr(_triton_cache, "_SEEN", {})  # this test's compiles only
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "build-triton"))
+    ours = [_triton_entry(page_table_kernel, b"a", cache_hit=False),
+            _triton_entry(paged_decode_combine_kernel, b"b", cache_hit=True)]
+    others = [_triton_entry(_other_librarys_kernel(), b"a", cache_hit=False)[0],
+              _triton_entry(page_table_kernel, b"an older build")[0]]  # in the cache, never compiled nor loaded here
+    monkeypatch.setattr(_compat, "save_cache_artifacts", lambda: b"torch bytes")
+    monkeypatch.setattr(_compat, "load_cache_artifacts",
+                        lambda blob: {"inductor": 1} if blob == b"torch bytes" else None)
+    saved = cache.save_artifacts(tmp_path / "a.bin")
+    return dict(ours=ours, others=others, path=tmp_path / "a.bin", saved=saved)
+
+
+def test_the_packages_triton_binaries_ship_and_arrive_byte_identical(triton_build, tmp_path, monkeypatch):
+    ours, path = triton_build["ours"], triton_build["path"]
+    assert triton_build["saved"].counts["triton_kernels"] == 2
+    assert triton_build["saved"].triton["names"] == ["page_table_kernel", "paged_decode_combine_kernel"]
+    serve = tmp_path / "serve-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(serve))  # a fresh machine's cache
+    info = cache.load_artifacts(path)
+    assert info and info.counts["triton_kernels"] == 2
+    assert (info.triton["written"], info.triton["conflicts"], info.triton["dirs"]) == (2, 0, [str(serve)])
+    arrived = _listing(serve)
+    expected = {f"{key}/{child}": data for key, _, files in ours for child, data in files.items()}
+    assert {k: v for k, v in arrived.items() if "/__grp__" not in k} == expected  # exactly ours, byte-identical
+    for key, name, files in ours:  # Triton's own lookup finds each: the first launch is a cache hit
+        assert _triton_hit(serve, key, name) == {child: str(serve / key / child) for child in files}
+    for key in triton_build["others"]:
+        assert not any(k.startswith(key + "/") for k in arrived)
+    # Loading again, or into a cache that has the entries: nothing is written twice.
+    again = cache.load_artifacts(path)
+    assert (again.triton["written"], again.triton["present"]) == (0, 2) and _listing(serve) == arrived
+
+
+def test_loading_never_replaces_a_different_file_and_a_foreign_file_writes_no_binary(triton_build, tmp_path,
+                                                                                     monkeypatch):
+    (key, name, files), path = triton_build["ours"][0], triton_build["path"]
+    serve = tmp_path / "serve-triton"
+    (serve / key).mkdir(parents=True)
+    (serve / key / f"{name}.cubin").write_bytes(b"built on this machine")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(serve))
+    info = cache.load_artifacts(path)
+    assert info and (info.triton["written"], info.triton["conflicts"]) == (1, 1)
+    assert (serve / key / f"{name}.cubin").read_bytes() == b"built on this machine"
+    assert not (serve / key / f"__grp__{name}.json").exists()  # that entry is left to Triton (it compiles again)
+
+    # Built elsewhere (another torch, GPU, package version): refused before anything is written.
+    raw = path.read_bytes()
+    start = len(cache.MAGIC) + 8
+    (size,) = struct.unpack("<Q", raw[len(cache.MAGIC):start])
+    header = json.loads(raw[start:start + size])
+    assert len(header["triton_kernels"]) == 2
+    for field, value in (("torch", "2.10.0+cu128"), ("cuda", "NVIDIA H100 (sm90, CUDA 12.8)"),
+                         ("torch_syncfree_source", "0" * 64)):
+        data = json.dumps({**header, field: value}).encode()
+        foreign = tmp_path / f"{field}.bin"
+        foreign.write_bytes(cache.MAGIC + struct.pack("<Q", len(data)) + data + raw[start + size:])
+        fresh = tmp_path / f"{field}-triton"
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
+        _refused(foreign, field)
+        assert _listing(fresh) == {}
+        data = json.dumps({**header, field: value, "kind": cache.STEP}).encode()
+        foreign.write_bytes(cache.MAGIC + struct.pack("<Q", len(data)) + data + raw[start + size:])
+        with pytest.warns(cache.ArtifactsMismatch, match=f"not loaded.*{field}"):
+            step = cache.load_compiled(foreign, fallback=lambda *a: "fallback")
+        assert step() == "fallback" and not step.info.loaded and _listing(fresh) == {}
+    # A damaged binary (its checksum): refused, nothing written.
+    header["triton_kernels"][0]["files"][f"{name}.cubin"]["data"] = base64.b64encode(b"flipped").decode()
+    data = json.dumps(header).encode()
+    damaged = tmp_path / "damaged.bin"
+    damaged.write_bytes(cache.MAGIC + struct.pack("<Q", len(data)) + data + raw[start + size:])
+    fresh = tmp_path / "damaged-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
+    _refused(damaged, "Triton kernels are damaged")
+    assert _listing(fresh) == {}
+
+
+def test_without_triton_cache_dir_the_binaries_go_where_triton_and_inductor_will_look(triton_build, tmp_path,
+                                                                                     monkeypatch):
+    """TRITON_CACHE_DIR unset: Triton's default (TRITON_HOME/.triton/cache) and the directory Inductor sets it to
+    when it builds its first kernel launcher (<TORCHINDUCTOR_CACHE_DIR>/triton/<device>)."""
+    from compile_pass import _compat
+
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    info = cache.load_artifacts(triton_build["path"])
+    device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    dirs = [str(tmp_path / "home" / ".triton" / "cache"), _compat.inductor_triton_cache_dir(device)]
+    assert dirs[1].startswith(str(tmp_path / "inductor"))
+    assert info.triton["dirs"] == dirs and info.triton["written"] == 4
+    for d in dirs:
+        assert len([k for k in _listing(d) if k.endswith(".cubin")]) == 2
+
+
+def test_the_recorder_chains_the_listener_already_set_and_records_the_packages_kernels_only(tmp_path, monkeypatch):
+    triton = pytest.importorskip("triton")
+    from compile_pass import _triton_cache
+    from compile_pass.kernels.page_table_kernel import page_table_kernel
+
+    heard = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: heard.append(kw["cache_hit"]))
+    monkeypatch.setattr(_triton_cache, "_SEEN", {})
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    previous = triton.knobs.compilation.listener
+    assert _triton_cache.install() and _triton_cache.install()  # compile_pass imported twice: one recorder
+    assert triton.knobs.compilation.listener._syncfree_previous is previous
+    _triton_entry(_other_librarys_kernel(), b"x", cache_hit=False)
+    key, name, files = _triton_entry(page_table_kernel, b"x", cache_hit=True)
+    assert heard == [False, True]  # the listener that was there still hears every compile
+    assert [(e["key"], e["name"], sorted(e["files"])) for e in _triton_cache.recorded()] == [(key, name, sorted(files))]
 
 
 def test_a_failing_cache_write_warns_and_loads_nothing(tmp_path, monkeypatch):
@@ -188,7 +379,7 @@ def test_a_damaged_file_then_a_normal_compile_gives_eager_results(tmp_path):
 
 # -- across processes: one fresh cache dir, three processes ---------------------------------------------------------
 CHILD = textwrap.dedent('''
-    import json, sys, warnings
+    import hashlib, json, os, pathlib, sys, warnings
     import torch, compile_pass, compile_pass.cache as cache
     from compile_pass import _compat
     import compile_pass.backend as backend
@@ -216,9 +407,23 @@ CHILD = textwrap.dedent('''
                     compile_fx=compiles[n:], equal=torch.equal(out, expected),
                     rewritten=len(report.rewritten), post_grad=report.post_grad)
 
+    def triton_files():  # {path under TRITON_CACHE_DIR: sha256} of every file there
+        root = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
+        return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+
     result, mode, ship = {}, sys.argv[1], sys.argv[3]
     if mode == "build":
         result["A"] = compile_once()
+        # No Triton compile on CPU: two entries as Triton writes and reports them, ours and another library's
+        # kernel of the same name.
+        from compile_pass.kernels.page_table_kernel import page_table_kernel
+        from test_cache import _other_librarys_kernel, _triton_entry
+        key, name, files = _triton_entry(page_table_kernel, b"build", cache_hit=False)
+        _triton_entry(_other_librarys_kernel(), b"build", cache_hit=False)
+        result["triton_entry"] = dict(key=key, name=name, files={c: hashlib.sha256(d).hexdigest()
+                                                                 for c, d in files.items()})
+        result["triton_build"] = triton_files()
         result["saved"] = cache.save_artifacts(ship + "/artifacts.bin").counts
         if _compat.aot_compile_supported() is None:
             aot = cache.aot_compile(_decode, args, max_context_len=64)
@@ -241,6 +446,7 @@ CHILD = textwrap.dedent('''
         result["A_again"] = compile_once()
     elif mode == "shipped":
         result["loaded"] = cache.load_artifacts(ship + "/artifacts.bin").counts
+        result["triton_after_artifacts"] = triton_files()
         result["A"] = compile_once()
         if _compat.aot_compile_supported() is None:
             backend_calls = []
@@ -248,7 +454,9 @@ CHILD = textwrap.dedent('''
             backend._compile_rewritten = lambda *a: backend_calls.append(1) or real_backend(*a)
             torch._dynamo.reset()
             fallback = lambda *a: (_ for _ in ()).throw(AssertionError("the fallback ran"))
+            os.environ["TRITON_CACHE_DIR"] = ship + "/step-triton"  # the compiled step alone brings them too
             step = cache.load_compiled(ship + "/step.aot", fallback)
+            result["triton_after_step"] = triton_files()
             result["aot"] = dict(equal=torch.equal(step(*args), expected), backend_calls=len(backend_calls))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -270,7 +478,9 @@ def processes(tmp_path_factory):
     script = root / "child.py"
     script.write_text(CHILD)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    path = os.pathsep.join([tests_dir, os.path.join(tests_dir, "support")])  # this module, consumers_for_tests
+    # this module, consumers_for_tests, and whatever put the package under test on the parent's path
+    path = os.pathsep.join([tests_dir, os.path.join(tests_dir, "support"),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
 
     def run(mode, cache_dir):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / cache_dir),
@@ -281,8 +491,9 @@ def processes(tmp_path_factory):
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
         return json.loads(line[len("RESULT "):])
 
-    return {mode: run(mode, cache_dir) for mode, cache_dir in
+    runs = {mode: run(mode, cache_dir) for mode, cache_dir in
             (("build", "inductor"), ("warm", "inductor"), ("shipped", "inductor-empty"))}
+    return {**runs, "root": str(root)}
 
 
 def _hit(run):
@@ -322,6 +533,28 @@ def test_shipped_artifacts_load_into_empty_caches_without_compiling(processes):
     a = shipped["A"]
     assert _hit(a), a  # no Inductor, no AOT autograd, no second compile for the findings
     assert a["equal"] and a["rewritten"] == 1 and a["post_grad"]["local_scalar_dense"] == 0
+
+
+def test_the_packages_triton_binaries_reach_a_fresh_process_through_either_file(processes, tmp_path_factory):
+    """The build process's entry of ours (not the other library's kernel of the same name) arrives in the fresh
+    process's empty Triton cache byte-identical, from the artifacts file and from the compiled step, and Triton's
+    own lookup finds it there (the first launch is a cache hit)."""
+    from compile_pass import _compat
+
+    entry, build = processes["build"]["triton_entry"], processes["build"]["triton_build"]
+    assert processes["build"]["saved"]["triton_kernels"] == 1 and processes["shipped"]["loaded"]["triton_kernels"] == 1
+    expected = {f"{entry['key']}/{child}": sha for child, sha in entry["files"].items()}
+    assert all(build[path] == sha for path, sha in expected.items()) and len(build) > len(expected) + 1
+    group = f"{entry['key']}/__grp__{entry['name']}.json"
+    root = pathlib.Path(processes["root"])
+    places = [("triton_after_artifacts", root / "inductor-empty-triton")]
+    if _compat.aot_compile_supported() is None:
+        places.append(("triton_after_step", root / "step-triton"))
+    for field, directory in places:
+        arrived = processes["shipped"][field]
+        assert set(arrived) == {*expected, group} and all(arrived[p] == sha for p, sha in expected.items()), field
+        hit = _triton_hit(directory, entry["key"], entry["name"])
+        assert hit == {child: str(directory / entry["key"] / child) for child in entry["files"]}, field
 
 
 def test_an_aot_compiled_step_loads_without_tracing(processes):
@@ -391,7 +624,13 @@ def test_an_aot_compiled_step_keeps_the_alias_guard(tmp_path):
     aot = cache.aot_compile(_writes, inputs(False), max_context_len=64)
     assert compile_pass.last_report().disjoint_inputs and compile_pass.last_report().rewritten
     aot.save_compiled_function(str(tmp_path / "step.aot"))
+    assert (tmp_path / "step.aot").read_bytes().startswith(cache.MAGIC)
     step = cache.load_compiled(tmp_path / "step.aot")
+    assert step.info.loaded and step.info.built_by["torch"] == torch.__version__
+    # A step file of torch's own format (what save_compiled_function wrote before FORMAT 2) still loads.
+    aot.compiled.save_compiled_function(str(tmp_path / "torch.aot"))
+    older = cache.load_compiled(tmp_path / "torch.aot")
+    assert older.compiled is not None and older.info.counts["triton_kernels"] == 0
     for alias in (False, True):
         got, want = inputs(alias), inputs(alias)
         torch.testing.assert_close(step(*got), _writes(*want))

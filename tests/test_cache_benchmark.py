@@ -18,12 +18,40 @@ def test_shipped_and_precompiled_runs_follow_the_warm_ones_and_use_the_cold_runs
     assert [r["name"] for r in runs] == [
         "syncfree-regional cold", "stock-whole cold", "syncfree-regional warm", "stock-whole warm",
         "syncfree-regional shipped", "stock-whole shipped", "syncfree-regional precompiled",
-        "syncfree-regional cold no-checked"]
+        "syncfree-regional precompiled kept-triton", "syncfree-regional cold no-checked"]
     shipped = runs[4]
     assert shipped["artifacts"] == runs[0]["caches"] and shipped["caches"] != runs[0]["caches"]
-    assert len({r["caches"] for r in runs}) == 6  # 2 cold (warm reruns share them), 2 shipped, 1 precompiled, 1 knob
+    # 2 cold (warm reruns share them), 2 shipped, 1 precompiled, 1 precompiled kept-triton, 1 knob
+    assert len({r["caches"] for r in runs}) == 7
     assert "shipped" not in {r["cache"] for r in compile_time.plan_runs(["stock-whole"], [], "syncfree-regional",
                                                                         warm=True)}
+
+
+def test_a_kept_triton_start_reads_the_cold_runs_step_and_triton_cache_with_new_inductor_caches():
+    import compile_time
+
+    runs = compile_time.plan_runs(["syncfree-regional", "stock-whole"], [], "syncfree-regional", warm=False,
+                                  shipped=True)
+    assert [r["name"] for r in runs] == ["syncfree-regional cold", "stock-whole cold", "syncfree-regional shipped",
+                                         "stock-whole shipped", "syncfree-regional precompiled",
+                                         "syncfree-regional precompiled kept-triton"]
+    cold, precompiled, kept = runs[0], runs[4], runs[5]
+    # fresh Inductor caches of its own, the cold run's step file and Triton cache
+    assert kept["caches"] not in (cold["caches"], precompiled["caches"]) and "triton_from" not in precompiled
+    assert kept["artifacts"] == kept["triton_from"] == cold["caches"] == "syncfree-regional"
+    assert compile_time.SAVED[kept["cache"]] == compile_time.SAVED["precompiled"]
+    env = compile_time.cache_env("/r/kept", triton_root="/r/cold")
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": "/r/kept/inductor", "TMPDIR": "/r/kept/tmp",
+                   "TRITON_CACHE_DIR": "/r/cold/triton"}
+    assert compile_time.cache_env("/r/x")["TRITON_CACHE_DIR"] == "/r/x/triton"
+    assert "syncfree-regional precompiled kept-triton" not in [
+        r["name"] for r in compile_time.plan_runs(["syncfree-regional"], [], "syncfree-regional", warm=False,
+                                                  shipped=True, kept_triton=False)]
+    walls = {("syncfree-regional", "cold"): 80.0, ("syncfree-regional", "precompiled"): 20.0}
+    assert compile_time.expected_wall(walls, kept) == 20.0 and compile_time.expected_wall(walls, runs[2]) == 80.0
+    assert compile_time.triton_written(None) == "-"
+    assert compile_time.triton_written(dict(kernels=3, written=3, present=0, conflicts=0, failed=0)) == \
+        "3 kernels: 3 written, 0 present, 0 conflicts, 0 failed"
 
 
 def test_backend_option_knobs():
@@ -55,7 +83,9 @@ def test_smoke_settings_and_the_stage():
     assert args.device == "cpu" and args.shape == "tiny" and args.layers == 2 and args.shipped
     assert args.variants == compile_time.SMOKE["variants"]
     script = open(os.path.join(os.path.dirname(compile_time.__file__), "run_h200.sh")).read()
-    assert "    startup)" in script and "compile_time.py" in script.split("    startup)")[1].split(";;")[0]
+    stage = script.split("    startup)")[1].split(";;")[0]
+    assert "    startup)" in script and "compile_time.py" in stage
+    assert "--variants ${STARTUP_VARIANTS:-syncfree-regional syncfree-whole stock-whole stock-regional}" in stage
 
 
 def test_the_budget_expects_a_start_to_take_what_its_warm_run_took():

@@ -407,3 +407,11 @@ def test_static_input_helpers_on_this_torch():
     assert _compat.input_alignment() == 16
     pool = torch.zeros(16, dtype=torch.int32)
     assert _compat.statically_aligned(pool[4:]) and not _compat.statically_aligned(pool[1:])
+
+
+def test_inductor_triton_cache_dir_is_where_inductor_points_triton(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "set"))
+    assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "set")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "inductor" / "triton" / "1")
