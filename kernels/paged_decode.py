@@ -257,7 +257,7 @@ def _attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale):
     # Dead keys address page 0 so that no table column or page past L_b is used; their values are masked.
     cols = torch.where(live, t[None, :] // page_size, 0)
     pages = torch.where(live, torch.gather(page_table.to(torch.int64), 1, cols), 0)
-    # A key whose page id is not a page of the pool is skipped, as the kernels skip it (never read).
+    # A key whose page id is not a page of the pool is skipped, as the kernels skip it (it adds nothing).
     live = live & (pages >= 0) & (pages < k_cache.shape[0])
     pages = torch.where(live, pages, 0)
     slots = (t % page_size)[None, :].expand_as(pages)

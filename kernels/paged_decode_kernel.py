@@ -5,8 +5,9 @@ Each program serves the whole GQA group of its KV head for every query of the ro
 split (DIRECT) it normalises and writes the output itself; with several it writes an unnormalised partial
 result of its live rows and `paged_decode_combine_kernel` merges the splits, one program per output row.
 Splits divide L_b, read on the device, so the work follows the live keys and a small batch still fills the GPU.
-Loads are masked by L_b: no page, page-table column or key past a row's length is read, and a key whose page id
-is outside [0, num_pages) is skipped (never read).
+Loads are masked by L_b: no page, page-table column or key past a row's length is read. A key whose page id is
+outside [0, num_pages) is skipped: it adds nothing to the output, and its loads are clamped to a page of the pool
+(never out of bounds; a finite pool gives exactly the output without that key).
 """
 
 import triton
@@ -55,10 +56,13 @@ def paged_decode_split_kernel(
     pt_row = pt_ptr + b * pt_sb
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
-        t_ok = t < end
+        t_ok = (t < end) & (num_pages > 0)  # an empty pool has no page to clamp to
         page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
-        # A key whose page id is not a page of the pool is never read: it is skipped.
-        t_ok = t_ok & (page >= 0) & (page < num_pages)
+        # A key whose page id is not a page of the pool is skipped: its score is masked out (it adds nothing) and
+        # its loads are clamped into the pool. Masking the loads by the id instead (42eb061) made the kernel 59%
+        # slower at B=1, 32K, pages of 16 on the H200 (benchmarks/paged_decode_ab.py, BENCHMARKS.md).
+        page_ok = (page >= 0) & (page < num_pages)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         slot = t % page_size
         k = tl.load(
             k_ptr + (page * k_sp + slot * k_ss + h * k_sh)[:, None] + dims[None, :],
@@ -69,7 +73,7 @@ def paged_decode_split_kernel(
         else:
             qk = tl.dot(q, tl.trans(k))
         qk = qk * scale
-        visible = t_ok[None, :] & (t[None, :] <= last_key[:, None])
+        visible = (t_ok & page_ok)[None, :] & (t[None, :] <= last_key[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
