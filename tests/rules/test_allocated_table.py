@@ -438,7 +438,14 @@ def run_op(step, vectors=OP_VECTORS, width=8, **options):
     of the same buffer: the outputs (the table's first cdiv(max, 64) columns where it is returned) and the buffer
     after the step are equal. Returns the backend."""
     backend = Rewriting(max_context_len=MCL, **options)
-    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    compare_on_buffers(torch.compile(step, backend=backend, fullgraph=True), step, vectors, width)
+    assert len(backend.graphs) == 1, "recompiled"
+    return backend
+
+
+def compare_on_buffers(compiled, step, vectors, width):
+    """`compiled` and `step` (eager) over `vectors`, each on its own copy of one persistent -1 buffer [REQS,
+    width]: the outputs (a returned table's first columns, eager's width) and the buffers after each step equal."""
     buf_got = torch.full((REQS, width), -1, dtype=torch.int32)
     buf_want = buf_got.clone()
     for lengths in vectors:
@@ -450,8 +457,6 @@ def run_op(step, vectors=OP_VECTORS, width=8, **options):
             g = g[:, : w.shape[1]] if g.dtype == torch.int32 else g  # a returned table: at the static width
             torch.testing.assert_close(g, w)
         assert torch.equal(buf_got, buf_want)
-    assert len(backend.graphs) == 1, "recompiled"
-    return backend
 
 
 def scratch_step(q, k, v, r2t, rpi, seq_lens, buf):
@@ -588,15 +593,7 @@ def through_aot(monkeypatch, step, vectors=OP_VECTORS[:2], width=8, **options):
     with compile_pass.report.collecting_reports(reports):
         compiled = torch.compile(step, fullgraph=True, backend=lambda gm, inputs: syncfree.syncfree_backend(
             gm, inputs, options={"max_context_len": MCL, **options}))
-        buf_got = torch.full((REQS, width), -1, dtype=torch.int32)
-        buf_want = buf_got.clone()
-        for lengths in vectors:
-            with compile_pass._compat.capture_scalar_outputs():
-                got = compiled(*make_inputs(lengths), buf_got)
-            want = step(*make_inputs(lengths), buf_want)
-            torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
-                                       want[0] if isinstance(want, tuple) else want)
-            assert torch.equal(buf_got, buf_want)
+        compare_on_buffers(compiled, step, vectors, width)
     return seen, marked, reports
 
 
