@@ -363,6 +363,54 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
     return count
 
 
+ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated: [0, bound] is used instead
+
+
+def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor:
+    """The values in [0, bound] that the max read by `item` can take in a step that runs: those where every branch
+    it was traced with at the bound has that outcome (settle_at_bound asserts each on the device when the max is
+    rewritten; a max with none gets no assertion and every value). A guard that cannot be evaluated here (not of
+    this one symbol, an operator this file does not spell) narrows nothing: the answer is then a superset of the
+    values, which is what a proof taking a minimum over them may use."""
+    values = torch.arange(0, bound + 1, dtype=torch.int64)
+    if bound + 1 > ADMITTED_LIMIT:
+        return values
+    for _, guard in item.meta.get(AT_BOUND) or ():
+        symbols = list(getattr(guard, "free_symbols", None) or ())
+        if len(symbols) != 1:
+            continue
+        try:
+            holds = _host_value(guard, symbols[0], values)
+        except (NotImplementedError, TypeError, ValueError, RuntimeError):
+            continue
+        if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
+            values = values[holds.expand(values.shape)]
+    return values
+
+
+def _host_value(expr, symbol, values: torch.Tensor):
+    """The sympy expression `expr` of `symbol`, evaluated with tensor ops at each of `values` (as _device_value
+    spells it in the graph)."""
+    import sympy
+
+    if expr is sympy.true or expr is sympy.false:
+        return torch.tensor(bool(expr))
+    if expr.is_Integer:
+        return torch.tensor(int(expr), dtype=torch.int64)
+    if expr == symbol:
+        return values
+    name = type(expr).__name__
+    args = [_host_value(a, symbol, values) for a in expr.args]
+    if name == "Not":
+        return torch.logical_not(args[0])
+    if name not in _SYMPY_OPS:
+        raise NotImplementedError(f"no host spelling for {name} in {expr}")
+    result = args[0]
+    for other in args[1:]:
+        result = _SYMPY_OPS[name](result, other)
+    return result
+
+
 def _passed_into_a_region(item: torch.fx.Node) -> bool:
     """With the range, Dynamo hands a compiled region (`invoke_subgraph`) the max itself where the width of a table
     is an expression of it; without it, a fresh width symbol the rules read. Such a max is traced again without

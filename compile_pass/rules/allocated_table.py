@@ -35,7 +35,7 @@ import operator
 import torch
 import torch.fx
 
-from .. import _compat
+from .. import _compat, tracing
 from .._compat import example_value, fake_mode_of
 from ..consumers import (bind_arguments, facts_of, load_facts, lookup_consumer, lookup_facts, overload_name,
                          register_facts, unregister_facts)
@@ -233,6 +233,7 @@ class TablePlan:
     rounding: tuple = ()  # the round-up `(n + a) // L * L` of the page count (erased; its result is `count`)
     grids: tuple = ()  # (node, pages_per_program): a grid's axis-1 block count `cdiv(n, ppp)` -> cdiv(pages, ppp)
     escapes: bool = False  # the table itself reaches the graph output (static_escapes): it leaves at the width
+    slack: int = 0  # the tokens past the max that eager's table covers for every value of it (the round-up's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +336,7 @@ class _Walk(HostMaxWalk):
                                                 "a check that does not hold for every width")
                 rounding = (*rounding, check, *check.users)
             count = width
+            extra = self.round_up_slack(extra, page_size, add, multiple)
         allocations, slices, strides, bookkeeping, writers, grids = [], [], [], [], [], []
         for user in count.users:
             alloc = as_allocation(user)
@@ -382,6 +384,19 @@ class _Walk(HostMaxWalk):
         self.follow_table(count, page_size, extra, pages, allocation, tuple(strides), tuple(bookkeeping),
                           set(writers) | {u for s in strides for u in s.users} | grid_users, bool(slices),
                           tuple(rounding), tuple(grids))
+
+    def round_up_slack(self, extra: int, page_size: int, add: int, multiple: int) -> int:
+        """How many tokens past the max eager's rounded-up table covers at least, over every value the max can
+        take: min over m of `((m + extra + ps - 1) // ps + add) // L * L * ps - m`. The values are [0, bound]
+        less those where a branch traced at the bound fails (tracing.admitted_values: each outcome is asserted on
+        the device when the max is rewritten). TRTLLM-MLA's `cdiv(cdiv(m, 64), 64) * 64` pages of 64 cover 4096
+        tokens for every m in [1, 256]: lengths up to m + 3840 stay in eager's table, and so in the static one,
+        which is at least as wide for every m. At least `extra` (the rounding only widens)."""
+        values = tracing.admitted_values(self.point.value, self.bound)
+        if values.numel() == 0:
+            return extra
+        width = ((values + extra + page_size - 1) // page_size + add) // multiple * multiple
+        return max(extra, int((width * page_size - values).min()))
 
     def check_buffer(self, table: torch.fx.Node, pages: int) -> None:
         """`buf[:B, :n]`: a persistent int buffer (a graph input or attribute) already as wide as the bound's
@@ -466,7 +481,7 @@ class _Walk(HostMaxWalk):
         grid_nodes = tuple((node, ppp) for _, ppp, node in grids)
         self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name,
                                      (*bookkeeping, *(n for chain, _, _ in grids for n in chain)),
-                                     tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes))
+                                     tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes, extra))
 
     @staticmethod
     def table_use(user: torch.fx.Node) -> Unsafe:
@@ -814,6 +829,7 @@ class AllocatedTableMax(HostMaxRule):
             what = "sliced table" if t.sliced else "allocated table"
             parts.append(f"{what} -> width {t.pages} (page_size {t.page_size}"
                          f"{', rounded up' if t.rounding else ''}), written by {t.writer_name}"
+                         f"{f'; the round-up covers the max + {t.slack} for every value of it' if t.rounding else ''}"
                          f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}")
         for consumer, node, value in plan.bounds:
             replace_uses(consumer, node, value)

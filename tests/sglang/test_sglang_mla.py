@@ -65,6 +65,7 @@ PATHS = {p.name: p for p in [
     *[_mla("flashmla", m, replay=True, inductor=m == "decode", dynamic=False) for m in MODES],
     *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
     *[_mla("trtllm_mla", m, mirror=True) for m in MODES],  # the same line (trtllm_mla_backend.py:355)
+    _mla("trtllm_mla", "draft_extend", mirror=True, dynamic=False),  # one graph per batch size
 ]}
 
 FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
@@ -110,9 +111,13 @@ EXPECTED = {
     "trtllm_mla_decode_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
     # verify pads cdiv(m + 4, 64) >= 1 block: `blocks % lcm != 0` holds for every value, one graph; rewritten too
     "trtllm_mla_verify_mirror": ("rewritten", "allocated table -> width 64 (page_size 64, rounded up)"),
-    # the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862), the table sized by
-    # the max alone: they exceed what it covers by 4 (kept, lengths_exceed), so the frame is traced again without
-    # the bound's outcome: the break, as before
+    # the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862), up to the max + 3
+    # with ragged extends, the table sized by the max alone: the round-up covers the max + 3840 for every m in
+    # [1, 256] (m = 0 asserted away with the traced branch), which the rule credits; `max_seq_len` is the max + 4
+    "trtllm_mla_draft_extend_mirror_static": ("rewritten", "the round-up covers the max + 3840"),
+    # automatic dynamic: the first, static graph is rewritten as above; on the dynamic graph after it the kernel's
+    # `max_seq_len = max_seq_len_k + total_tokens // bs` (:1589) adds a size expression to the max, not a
+    # constant (kept, `arithmetic`), so that frame is traced again without the bound's outcome: the break
     "trtllm_mla_draft_extend_mirror": ("graph_break", (TRTLLM_BRANCH,)),
 }
 NEEDS_RULE: dict = {}
@@ -149,7 +154,7 @@ def mla_backends(sglang_fa3):
         compile_pass.unregister_bounded_writer(op)
 
 
-outcome = B.Outcomes(PATHS, EXPECTED)
+outcome = B.Outcomes(PATHS, EXPECTED, vectors={"trtllm_mla_draft_extend_mirror": 2})
 vectors_for = outcome.vectors
 
 
@@ -322,3 +327,32 @@ def test_a_rewritten_mirror_path_equals_eager_over_many_lengths(mla_backends, na
     assert len(result.errors) == 8 and max(result.errors) <= 1e-5
     assert result.graph_breaks == [] and result.reports and all(
         r.rewritten and not r.kept and r.syncs_remaining == 0 for r in result.reports), B.shown(result)
+
+
+def test_trtllm_draft_extend_with_ragged_extends_equals_eager(mla_backends):
+    """TRTLLM-MLA's draft extend with per-row extend lengths in [1, 4], one graph per batch size: a row's kernel
+    length `seq_len - extend + max(extend_seq_lens_cpu)` exceeds the mirror's max by up to 3, inside the
+    round-up's slack. Every graph rewritten, every step equal to eager (eager's table is the round-up at the
+    step's max; the stand-in writer raises where a row would need more columns than the table has). The maxima
+    stay 3 under the bound: the token table's rows are max_context_len wide, and eager reads past them beyond."""
+    import dataclasses
+    import random
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["trtllm_mla_draft_extend_mirror_static"], ragged=True)
+    engine = B.Engine(path)
+    step, reports = B.compile_step(path, engine.step)
+    rng = random.Random(5)
+    top = B.MAX_CONTEXT - 3
+    vectors = [[top, 9, 130], [200, 4], [64, 65, 63, 250], [top, top - 1, 5], [128]]
+    vectors.append([rng.randint(4, top) for _ in range(3)])
+    # (Not here: extends whose sum divides by the batch size but differ, e.g. [1, 3]. SGLang then views q
+    # directly and passes `max_seq_len = max_seq_len_k + total_tokens // bs` (:1589), the max + 2, below what the
+    # lengths may reach, the max + 3: kept, `lengths_exceed`, and traced again: the break at :355.)
+    for n, lengths in enumerate(vectors):
+        want = engine.step(*engine.make_batch(lengths, seed=n))
+        got = step(*engine.make_batch(lengths, seed=n))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    graph_reports = reports()
+    assert graph_reports and all(r.rewritten and not r.kept and r.syncs_remaining == 0 for r in graph_reports), \
+        "\n".join(map(str, graph_reports))

@@ -39,6 +39,12 @@ create_flashmla_kv_indices_triton (kv_indices.py)  --  launched by FlashMLA / TR
     width: the stand-in raises where a row needs more columns than the stride (the write would land in the next
     row, or past the buffer).
 
+pad_draft_extend_query / unpad_draft_extend_output (pad.py)  --  TRTLLM-MLA's draft extend with ragged extends
+    pad: padded_q[b, j] = q[cu_seqlens_q[b] + j] for j < seq_lens_q[b], written in place (the rest of padded_q
+    keeps what it held; the backend zeroes it first); returns padded_q. unpad: output[cu_seqlens_q[b] + j] =
+    raw_out[b, j] for j < seq_lens_q[b], the first sum_seq_lens_q rows (into unpad_output_buffer when given).
+    In torch with static shapes (a gather by a computed index), so that they stay in the graph.
+
 Anything the stand-ins do not implement (sinks, score_mod, sliding windows, lean decode, page_size > 1, an LSE
 output, skip_prefix/skip_extend, xai temperature) raises NotImplementedError naming it.
 """
@@ -294,3 +300,29 @@ def _launch_flashmla(grid, req_to_token_ptr, req_pool_indices_ptr, page_kernel_l
 
 create_flashinfer_kv_indices_triton = StandInKernel("create_flashinfer_kv_indices_triton", _launch_flashinfer)
 create_flashmla_kv_indices_triton = StandInKernel("create_flashmla_kv_indices_triton", _launch_flashmla)
+
+
+# -- pad.py: TRTLLM-MLA's draft-extend query padding and output unpadding ----------------------------------------
+def pad_draft_extend_query(q, padded_q, seq_lens_q, cu_seqlens_q):
+    bs, width = padded_q.shape[0], padded_q.shape[1]
+    j = torch.arange(width, device=q.device)
+    source = cu_seqlens_q[:bs, None].to(torch.int64) + j[None, :]  # [bs, width]
+    valid = j[None, :] < seq_lens_q[:bs, None]
+    rows = q[source.clamp(0, q.shape[0] - 1)].to(padded_q.dtype)  # [bs, width, H, D]
+    padded_q.copy_(torch.where(valid[:, :, None, None], rows, padded_q))
+    return padded_q
+
+
+def unpad_draft_extend_output(raw_out, cu_seqlens_q, seq_lens_q, sum_seq_lens_q, unpad_output_buffer=None):
+    bs, width = raw_out.shape[0], raw_out.shape[1]
+    t = torch.arange(sum_seq_lens_q, device=raw_out.device)
+    row = torch.searchsorted(cu_seqlens_q[1: bs + 1].to(torch.int64), t, right=True).clamp(max=bs - 1)
+    col = t - cu_seqlens_q[row].to(torch.int64)
+    if bool((col >= seq_lens_q[row]).any()) if not torch.compiler.is_compiling() else False:
+        raise IndexError("unpad_draft_extend_output: a token outside its row's extend")
+    out = raw_out[row, col.clamp(0, width - 1)]
+    if unpad_output_buffer is not None:
+        target = unpad_output_buffer[:sum_seq_lens_q]
+        target.copy_(out.to(target.dtype))
+        return target
+    return out

@@ -1,0 +1,247 @@
+"""The allocated-table rule credits a round-up's slack (issue 30, TRTLLM-MLA's draft extend).
+
+TRTLLM-MLA sizes its block table by `_calc_padded_blocks(m)`: `blocks = cdiv(m, 64)`, then, `if blocks % L != 0`,
+rounded up to a multiple of L. Its draft-extend lengths are `seq_lens - extend_seq_lens + K` (K the widest
+extend): up to m + K - 1, more than the max itself. Eager stays inside its table only because the round-up covers
+more than m: `L * 64 * ceil(cdiv(m, 64) / L)` tokens. The rule takes that slack, the minimum over every value the
+max can take, as what the lengths may exceed the max by. Those values are [0, bound] less the ones where a branch
+traced at the bound fails (compile_pass.tracing.admitted_values; each outcome is asserted on the device).
+
+Compiled through the backend's tracing (the range while Dynamo traces, the pass, the graph as captured) against
+eager over ragged extends; eager's writer raises where a row would need more columns than its table has.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+import compile_pass
+from compile_pass import _compat, tracing
+from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
+from compile_pass.options import SyncfreeOptions
+
+PS = 64
+LCM = 4  # the round-up's multiple (SGLang: lcm(128 / page_size, pages per Triton block) = 64 at pages of 64)
+REQS = 6
+WIDTH = 640  # tokens per row of the token table: past every length below
+K = 4  # the widest extend (max(extend_seq_lens_cpu)): a Python int, as SGLang's host list gives it
+
+_LIB = torch.library.Library("syncfree_test_round_up", "DEF")
+_LIB.define("writer(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
+            "SymInt table_stride, int page_size) -> ()")
+
+
+def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
+    """Row b's first cdiv(lengths[b], page_size) columns, through `table_stride`; raises where a row needs more
+    columns than the stride (eager's table too narrow for its lengths)."""
+    for b in range(lengths.shape[0]):
+        pages = -(-max(int(lengths[b]), 0) // page_size)
+        if pages > table_stride:
+            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
+        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
+        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
+
+
+_LIB.impl("writer", _write_rows, "CPU")
+torch.library.register_fake("syncfree_test_round_up::writer", lambda *a: None, lib=_LIB)
+WRITER = torch.ops.syncfree_test_round_up.writer
+compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
+                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
+                                     table_stride="table_stride")
+ATTN = torch.ops.syncfree.paged_decode
+
+
+def padded_blocks(m: int) -> int:  # trtllm_mla_backend.py's _calc_padded_blocks, with L = LCM
+    blocks = (m + PS - 1) // PS
+    if blocks % LCM != 0:
+        blocks = (blocks + LCM - 1) // LCM * LCM
+    return blocks
+
+
+def draft_extend_step(q, k, v, r2t, rpi, seq_lens, extend_seq_lens, widest=K):
+    m = seq_lens.max().item()
+    lengths = seq_lens - extend_seq_lens + widest  # trtllm_mla_backend.py:862
+    blocks = padded_blocks(m)
+    table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+    WRITER(r2t, rpi, lengths, table, blocks, PS)
+    return ATTN(q, k, v, table, lengths.to(torch.int32), max_seqlen_k=m + widest)
+
+
+def wide_extend_step(q, k, v, r2t, rpi, seq_lens, extend_seq_lens):
+    return draft_extend_step(q, k, v, r2t, rpi, seq_lens, extend_seq_lens, widest=100)
+
+
+def make_inputs(lengths, extends, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(REQS * WIDTH // PS, generator=gen).view(REQS, -1)
+    tok = torch.arange(WIDTH)
+    r2t = (pages[:, tok // PS] * PS + tok % PS).to(torch.int32)
+    rpi = torch.randperm(REQS, generator=gen)[: len(lengths)]
+    q = torch.randn(len(lengths), 1, 4, 16, generator=gen)
+    k = torch.randn(REQS * WIDTH // PS, PS, 2, 16, generator=gen)
+    v = torch.randn(REQS * WIDTH // PS, PS, 2, 16, generator=gen)
+    return (q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64),
+            torch.tensor(extends, dtype=torch.int64))
+
+
+class PassOnly:
+    """The backend's path without Inductor: the pass (run_sync_pass) on Dynamo's graph, then the graph."""
+
+    def __init__(self, **options):
+        self.options = SyncfreeOptions.from_dict(options)
+        self.reports = []
+
+    def __call__(self, gm, example_inputs):
+        original = _compat.copy_dynamo_graph_module(gm)
+        report = report_of(run_sync_pass(gm, self.options), self.options)
+        self.reports.append(report)
+        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
+
+
+def traced(step, **options):
+    """(call, backend): `step` compiled as compile_pass.compile traces it (the range, the retrace)."""
+    backend = PassOnly(**options)
+    compiled = torch.compile(step, backend=backend, dynamic=False)
+    policy = tracing.TracingPolicy.from_options(backend.options, step)
+
+    def call(*args):
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
+            return tracing.call_retracing(compiled, policy, *args)
+
+    return call, backend
+
+
+def ragged(n, seed):
+    """Batch vectors of n rows: lengths >= K, extends in [1, K] (the row with the max length gets extend 1, so
+    that its length reaches m + K - 1: past the max)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for m in (64, 100, 190, 192, 260, 300):
+        lengths = torch.randint(K, m + 1, (n,), generator=gen)
+        lengths[0] = m
+        extends = torch.randint(1, K + 1, (n,), generator=gen)
+        extends[0] = 1
+        out.append((lengths.tolist(), extends.tolist()))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+# -- the values a max can take --------------------------------------------------------------------------------
+def _item_with(guards):
+    graph = torch.fx.Graph()
+    node = graph.placeholder("m")
+    node.meta[tracing.AT_BOUND] = [(f"traced: {g}", g) for g in guards]
+    return node
+
+
+def _blocks_not_a_multiple(s):
+    return sympy.Ne(PythonMod(FloorDiv(s + PS - 1, PS), LCM), 0)
+
+
+def test_admitted_values_are_the_range_less_where_a_traced_branch_fails():
+    s = sympy.Symbol("u0", integer=True)
+    got = tracing.admitted_values(_item_with([_blocks_not_a_multiple(s)]), 300).tolist()
+    want = [m for m in range(301) if ((m + PS - 1) // PS) % LCM != 0]  # a plain loop
+    assert got == want and 0 not in got and 256 not in got and 257 in got
+
+
+def test_admitted_values_with_two_guards_and_a_negated_one():
+    s = sympy.Symbol("u0", integer=True)
+    guards = [_blocks_not_a_multiple(s), sympy.Not(sympy.StrictLessThan(s, 10))]
+    got = tracing.admitted_values(_item_with(guards), 300).tolist()
+    assert got == [m for m in range(10, 301) if ((m + PS - 1) // PS) % LCM != 0]
+
+
+def test_a_guard_it_cannot_evaluate_narrows_nothing():
+    s, t = sympy.Symbol("u0", integer=True), sympy.Symbol("u1", integer=True)
+    full = list(range(301))
+    assert tracing.admitted_values(_item_with([]), 300).tolist() == full
+    assert tracing.admitted_values(_item_with([sympy.Ne(s, t)]), 300).tolist() == full  # two symbols
+    assert tracing.admitted_values(_item_with([sympy.Ne(sympy.sin(s), 0)]), 300).tolist() == full  # no spelling
+
+
+# -- the rule ------------------------------------------------------------------------------------------------
+def _run(step, vectors, **options):
+    call, backend = traced(step, **options)
+    for n, (lengths, extends) in enumerate(vectors):
+        got = call(*make_inputs(lengths, extends, seed=n))
+        want = step(*make_inputs(lengths, extends, seed=n))
+        torch.testing.assert_close(got, want)
+    return backend
+
+
+def test_the_round_up_s_slack_covers_lengths_past_the_max():
+    """Bound 180: `blocks % 4 != 0` holds at the bound and for every m in [1, 180] (0 is asserted away); 4 pages
+    of 64 cover 256 tokens, so the lengths may exceed the max by 76 there: K - 1 = 3 is within it."""
+    vectors = [v for v in ragged(3, 0) if v[0][0] <= 180]
+    backend = _run(draft_extend_step, vectors, max_context_len=180)
+    (report,) = backend.reports
+    assert report.rewritten and not report.kept, str(report)
+    reason = report.rewritten[0].reason
+    assert "allocated table -> width 4 (page_size 64, rounded up)" in reason, reason
+    assert "the round-up covers the max + 76" in reason, reason
+
+
+def test_the_slack_is_the_minimum_over_the_values_a_traced_branch_admits():
+    """Bound 300: the branch holds at the bound; it fails for m in [193, 256] (4 blocks, already a multiple),
+    where the round-up covers m exactly. Those values are asserted away, so the slack is 64 (at m = 192), not 0;
+    a step whose max is in [193, 256] raises rather than run a graph traced for the other branch."""
+    vectors = [v for v in ragged(4, 1) if not 193 <= v[0][0] <= 256]
+    backend = _run(draft_extend_step, vectors, max_context_len=300)
+    (report,) = backend.reports
+    assert report.rewritten and not report.kept, str(report)
+    reason = report.rewritten[0].reason
+    assert "allocated table -> width 8 (page_size 64, rounded up)" in reason and "the max + 64" in reason, reason
+    torch._dynamo.reset()
+    call, _ = traced(draft_extend_step, max_context_len=300)
+    call(*make_inputs([100, 7, 9], [1, 2, 4]))
+    with pytest.raises(RuntimeError, match="traced with the outcome it has at the bound"):
+        call(*make_inputs([200, 7, 9], [1, 2, 4]))  # m = 200: eager takes the other branch of :65
+
+
+def test_lengths_past_the_slack_keep_the_max(monkeypatch):
+    """widest = 100: the lengths may exceed the max by 99, the slack at bound 180 is 76: kept (lengths_exceed) on
+    the trace at the bound, which is refused; traced again without the branch's outcome, the branch breaks the
+    graph, and the step equals eager where eager's table holds the lengths."""
+    import compile_pass.backend as backend_module
+    from compile_pass.sync_pass import SyncPass
+
+    decisions = []
+
+    class Recording(SyncPass):
+        def __call__(self, gm):
+            result = super().__call__(gm)
+            decisions.append([(i.reason_code, i.location) for i in result.kept])
+            return result
+
+    monkeypatch.setattr(backend_module, "SyncPass", Recording)
+    before = len(_compat.graph_break_reasons())
+    vectors = [([64, 5, 9], [1, 100, 100]), ([150, 120, 7], [100, 100, 1])]  # m + 99 within eager's 256 tokens
+    _run(wide_extend_step, vectors, max_context_len=180)
+    assert decisions[0] == [("lengths_exceed", "test_round_up_slack.py:65")], decisions
+    assert any("data-dependent" in r for r, _ in _compat.graph_break_reasons()[before:])
+
+
+def test_without_a_traced_branch_there_is_no_slack_at_zero():
+    """checked=False: no branch is traced at the bound (and none asserted), so m = 0 stays a value of the max,
+    where the round-up covers nothing: no slack; the branch breaks the graph as Dynamo traces it."""
+    before = len(_compat.graph_break_reasons())
+    _run(draft_extend_step, [([64, 5, 9], [1, 2, 4])], max_context_len=180, checked=False)
+    assert any("data-dependent" in r for r, _ in _compat.graph_break_reasons()[before:])
+
+
+def test_a_length_past_the_bound_raises_on_the_device():
+    call, backend = traced(draft_extend_step, max_context_len=180)
+    call(*make_inputs([64, 5, 9], [1, 2, 4]))
+    assert backend.reports[0].rewritten, str(backend.reports[0])
+    with pytest.raises(RuntimeError, match="static bound"):
+        call(*make_inputs([64, 185, 9], [1, 2, 4]))
