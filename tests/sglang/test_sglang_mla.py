@@ -17,6 +17,7 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | flashmla_decode_mirror | **rewritten** | the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value once the warm-up grew the scratch to the bound's 4 pages; the page count slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), filled by the block-table writer (registered here with compile_pass.register_bounded_writer; its stride is the scratch's own) and read by the FlashMLA kernel by the same lengths (the mirror's device twin): allocated table rule, the slice widened to 4 pages, the stored table at that width (`static_escapes`); one graph per batch size (the static one, then a dynamic one), the host read gone | nothing | `static_escapes=True`, the writer's and the kernel's facts |
 | flashmla_draft_extend_mirror | **rewritten** | reaches the pass as decode does; the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236) against the page count `cdiv(m + 4, 64)`: the relation `x - y + c` (ProofContext.relate_lengths), an upper bound where every `extend_seq_lens >= 0`, which the rewrite asserts on the device, checked or not (every length at most max(seq_lens) + 4); the slice widened to 5 pages | nothing | `static_escapes=True`, the writer's and the kernel's facts |
 | flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound (a fresh 5-wide scratch, stored on the backend), kept: the table is then a slice of a fresh allocation `torch.full((rows, max(n, 4)), -1)`, not of a persistent buffer (and, rewritten, the outcome traced, m >= 253, would be asserted on the device: every shorter step would raise), so it is traced again without | a host read, a break per step | do not publish the mirror |
+| flashmla_verify_mirror_bounded | **rewritten** | SGLang's own invariant declared, `length_bounds={"seq_lens": 252, "seq_lens_cpu": 252}` (max_context_len less the 4 draft tokens, whose room the scheduler reserves): `cdiv(m + 4, 64)` is at most 4 pages, so the grow branch (:151) is False for every value and the slice is widened to 4 pages, as decode's; a committed length past 252 raises under `checked` | nothing | declare the bound for the mirror and its twin |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_verify_static | **rewritten** | the max is over `seq_lens_cpu[:bs] + 4` (:343), the kernel's lengths `seq_lens.to(int32) + 4`: the same values (constant adds on both sides, the mirror pair): page table -> width 5, bound 260 (max_context_len + 4) | nothing: no host read | as for decode |
@@ -24,7 +25,8 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | flashmla_replay_draft_extend, static or not | kept (`lengths_differ`) | the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step `copy_`s seq_lens into (:411): the rule relates no values through a copy into a buffer | a host read of the mirror per replay | (a rule gap: a copy relation) |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
 | trtllm_mla_{decode,verify}_mirror | **rewritten** | `_calc_padded_blocks` (trtllm_mla_backend.py:340): `if blocks % constraint_lcm != 0` (:355) is traced at the bound's outcome (True; False only at m = 0, asserted on the device), verify's `cdiv(m + 4, 64) >= 1` needs no assumption; the round-up `cdiv(cdiv(m [+ 4], 64), 64) * 64` (Dynamo: `torch.sym_sum([63, m])`) sizes `torch.full((bs, blocks), -1)`, filled by the registered writer with that width as its stride, read by the TRTLLM kernel (`max_seq_len` an upper bound): allocated table rule, width 64 (the round-up of the bound's 4 pages), `max_seq_len` 256 (verify 264), the stored table and `max_seq_len_k` at the static values (`static_escapes`); one graph per batch size | nothing | `static_escapes=True`, the writer's and the kernel's facts |
-| trtllm_mla_draft_extend_mirror | graph_break | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862, 4 here), but the table is sized by the unpadded max (`_calc_padded_blocks(max_seq)`, no + 4): the lengths exceed what the max covers by 4 (`lengths_exceed`); eager stays within its table only through the round-up's slack (and not at m = 0), which the rule does not credit. Kept at the bound's outcome of :355, so the frame is traced again without it and Dynamo breaks there | a host read, a break per step | do not publish the mirror (a rule gap: crediting the round-up's slack) |
+| trtllm_mla_draft_extend_mirror_static (one graph per batch size) | **rewritten** | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862, 4 here), up to the max + 3 with ragged extends, while the table is sized by the unpadded max (`_calc_padded_blocks(max_seq)`): the relation `x - y + k` (its premise asserted on the device) within the round-up's slack, which the allocated-table rule credits: the least the rounded table covers past the max over every value the max can take, the max + 3840 for m in [1, 256] (m = 0 fails the branch traced at :355 and is asserted away); `max_seq_len` (:1589/:1596, the max + 4) an upper bound | nothing | `static_escapes=True`, the writer's and the kernel's facts, `dynamic=False` |
+| trtllm_mla_draft_extend_mirror (automatic dynamic) | graph_break | the first, static graph is rewritten as above; on the dynamic graph `max_seq_len = max_seq_len_k + total_tokens // bs` (:1589) adds a size expression to the max, not a constant (kept, `arithmetic`), so that frame is traced again without the bound's outcome and Dynamo breaks at :355 | a host read, a break per step after the first batch size | `dynamic=False` |
 
 The allocated-table rule takes the eager mirror paths above: FlashMLA's grown scratch (a slice of a persistent
 buffer) and TRTLLM-MLA's round-up page count, both stored on the backend (`static_escapes`). The writer here is
@@ -49,6 +51,12 @@ SE = {"static_escapes": True}
 P = B.Path
 
 
+# SGLang reserves the draft tokens' room in the token table: a verify's committed lengths are at most
+# max_context_len - num_draft_tokens. Declared for the mirror and its device twin (the range while Dynamo traces
+# is looked up by the mirror's name, the rule's bound by either; checked=True asserts it on the device).
+VERIFY_BOUNDS = {"seq_lens": 256 - 4, "seq_lens_cpu": 256 - 4}
+
+
 def _mla(backend, mode, mirror=False, replay=False, inductor=False, dynamic=None):
     name = f"{backend}_{'replay_' if replay else ''}{mode if mode != 'target_verify' else 'verify'}" \
            f"{'_mirror' if mirror and not replay else ''}{'_static' if dynamic is False else ''}"
@@ -66,6 +74,9 @@ PATHS = {p.name: p for p in [
     *[_mla("trtllm_mla", m, inductor=m == "target_verify") for m in MODES],
     *[_mla("trtllm_mla", m, mirror=True) for m in MODES],  # the same line (trtllm_mla_backend.py:355)
     _mla("trtllm_mla", "draft_extend", mirror=True, dynamic=False),  # one graph per batch size
+    # verify with SGLang's own invariant declared: the committed lengths leave room for the draft tokens
+    P("flashmla_verify_mirror_bounded", "flashmla", "target_verify", draft_tokens=4, mirror=True,
+      options={**SE, "length_bounds": VERIFY_BOUNDS}),
 ]}
 
 FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
@@ -87,6 +98,9 @@ EXPECTED = {
     # stored on the backend), which holds only for m >= 253 (the outcome would be asserted on the device), kept,
     # traced again without: the break
     "flashmla_verify_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    # the same with SGLang's invariant declared (length_bounds 252 for seq_lens and seq_lens_cpu): cdiv(m + 4, 64)
+    # is at most 4 pages, the grow branch False for every value, the slice widened to 4 pages
+    "flashmla_verify_mirror_bounded": ("rewritten", "sliced table -> width 4 (page_size 64)"),
     # the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236), the page count cdiv(m + 4, 64): x - y + c,
     # an upper bound where extend_seq_lens >= 0, asserted on the device (checked or not); the slice widened to 5
     "flashmla_draft_extend_mirror": ("rewritten", "sliced table -> width 5 (page_size 64)"),
@@ -275,7 +289,8 @@ def _past_the_bound(name, device_too):
     torch._dynamo.reset()
     path = dataclasses.replace(PATHS[name])
     engine = B.Engine(path)
-    engine.step(*engine.make_batch([B.MAX_CONTEXT, 7]))  # eager: the scratch table grows to the bound's width
+    top = B.MAX_CONTEXT - (path.draft_tokens if path.mode == "target_verify" else 0)  # verify: room for the drafts
+    engine.step(*engine.make_batch([top, 7]))  # eager: the scratch table grows to the bound's width
     step, reports = B.compile_step(path, engine.step)
     fb, hidden = engine.make_batch([100, 7], seed=0)
     step(fb, hidden)
@@ -286,7 +301,8 @@ def _past_the_bound(name, device_too):
     return step, fb, hidden, reports
 
 
-@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror", "trtllm_mla_decode_mirror"])
+@pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror", "trtllm_mla_decode_mirror",
+                                  "flashmla_verify_mirror_bounded", "trtllm_mla_draft_extend_mirror_static"])
 def test_a_rewritten_mirror_max_past_the_bound_raises(mla_backends, name):
     """Where the pass rewrote the mirror's max, the host read is gone: checked=True asserts on the device that every
     length (the mirror's device twin) lies within the bound that replaced the max, before the writer reads them."""
@@ -318,7 +334,8 @@ def test_the_draft_extends_premise_is_asserted_with_checked_off(mla_backends):
 
 
 @pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror", "trtllm_mla_decode_mirror",
-                                  "trtllm_mla_verify_mirror"])
+                                  "trtllm_mla_verify_mirror", "flashmla_verify_mirror_bounded",
+                                  "trtllm_mla_draft_extend_mirror_static"])
 def test_a_rewritten_mirror_path_equals_eager_over_many_lengths(mla_backends, name):
     """The rewritten mirror paths over 8 random length vectors and 4 batch sizes (3, 2, 4, 1: a static graph, then
     a dynamic one): every step equal to eager (run_path compares each), the host read gone from every graph."""
@@ -356,3 +373,23 @@ def test_trtllm_draft_extend_with_ragged_extends_equals_eager(mla_backends):
     graph_reports = reports()
     assert graph_reports and all(r.rewritten and not r.kept and r.syncs_remaining == 0 for r in graph_reports), \
         "\n".join(map(str, graph_reports))
+
+
+def test_the_declared_verify_bound_is_what_the_device_asserts(mla_backends):
+    """flashmla_verify_mirror_bounded: a committed length of 253, past the declared 252 but within
+    max_context_len, raises under checked=True (the bound the rewrite rests on, not max_context_len, is
+    asserted); 252 runs and equals eager."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    path = dataclasses.replace(PATHS["flashmla_verify_mirror_bounded"])
+    engine = B.Engine(path)
+    step, reports = B.compile_step(path, engine.step)
+    want = engine.step(*engine.make_batch([252, 7], seed=0))
+    torch.testing.assert_close(step(*engine.make_batch([252, 7], seed=0)), want, rtol=1e-5, atol=1e-5)
+    assert all(r.rewritten and not r.kept for r in reports()), "\n".join(map(str, reports()))
+    fb, hidden = engine.make_batch([100, 7], seed=1)
+    fb.seq_lens_cpu = fb.seq_lens_cpu + 153
+    fb.seq_lens = fb.seq_lens + 153
+    with pytest.raises(RuntimeError, match="exceeds the static bound that replaced its max"):
+        step(fb, hidden)
