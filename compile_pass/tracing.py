@@ -363,18 +363,18 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
     return count
 
 
-ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated: [0, bound] is used instead
+ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (None)
 
 
-def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor:
+def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
     """The values in [0, bound] that the max read by `item` can take in a step that runs: those where every branch
     it was traced with at the bound has that outcome (settle_at_bound asserts each on the device when the max is
     rewritten; a max with none gets no assertion and every value). A guard that cannot be evaluated here (not of
     this one symbol, an operator this file does not spell) narrows nothing: the answer is then a superset of the
-    values, which is what a proof taking a minimum over them may use."""
-    values = torch.arange(0, bound + 1, dtype=torch.int64)
+    values, which is what a proof taking a minimum over them may use. None for a bound past ADMITTED_LIMIT."""
     if bound + 1 > ADMITTED_LIMIT:
-        return values
+        return None
+    values = torch.arange(0, bound + 1, dtype=torch.int64)
     for _, guard in item.meta.get(AT_BOUND) or ():
         symbols = list(getattr(guard, "free_symbols", None) or ())
         if len(symbols) != 1:

@@ -393,7 +393,7 @@ class _Walk(HostMaxWalk):
         tokens for every m in [1, 256]: lengths up to m + 3840 stay in eager's table, and so in the static one,
         which is at least as wide for every m. At least `extra` (the rounding only widens)."""
         values = tracing.admitted_values(self.point.value, self.bound)
-        if values.numel() == 0:
+        if values is None or values.numel() == 0:  # not enumerated (a bound past 4M), or no value runs
             return extra
         width = ((values + extra + page_size - 1) // page_size + add) // multiple * multiple
         return max(extra, int((width * page_size - values).min()))

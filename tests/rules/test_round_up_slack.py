@@ -13,6 +13,8 @@ eager over ragged extends; eager's writer raises where a row would need more col
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import sympy
 import torch
@@ -20,8 +22,7 @@ from torch.utils._sympy.functions import FloorDiv, PythonMod
 
 import compile_pass
 from compile_pass import _compat, tracing
-from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
-from compile_pass.options import SyncfreeOptions
+from passlib import compile_traced
 
 PS = 64
 LCM = 4  # the round-up's multiple (SGLang: lcm(128 / page_size, pages per Triton block) = 64 at pages of 64)
@@ -87,31 +88,9 @@ def make_inputs(lengths, extends, seed=0):
             torch.tensor(extends, dtype=torch.int64))
 
 
-class PassOnly:
-    """The backend's path without Inductor: the pass (run_sync_pass) on Dynamo's graph, then the graph."""
-
-    def __init__(self, **options):
-        self.options = SyncfreeOptions.from_dict(options)
-        self.reports = []
-
-    def __call__(self, gm, example_inputs):
-        original = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(run_sync_pass(gm, self.options), self.options)
-        self.reports.append(report)
-        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
-
-
 def traced(step, **options):
-    """(call, backend): `step` compiled as compile_pass.compile traces it (the range, the retrace)."""
-    backend = PassOnly(**options)
-    compiled = torch.compile(step, backend=backend, dynamic=False)
-    policy = tracing.TracingPolicy.from_options(backend.options, step)
-
-    def call(*args):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
-            return tracing.call_retracing(compiled, policy, *args)
-
-    return call, backend
+    """(call, backend): `step` compiled as compile_pass.compile traces it (the range, the retrace), no Inductor."""
+    return compile_traced(step, dynamic=False, **options)
 
 
 def ragged(n, seed):
@@ -161,6 +140,11 @@ def test_admitted_values_with_two_guards_and_a_negated_one():
     assert got == [m for m in range(10, 301) if ((m + PS - 1) // PS) % LCM != 0]
 
 
+def test_a_bound_too_large_to_enumerate_gives_no_values():
+    assert tracing.admitted_values(_item_with([]), tracing.ADMITTED_LIMIT) is None
+    assert tracing.admitted_values(_item_with([]), tracing.ADMITTED_LIMIT - 1).numel() == tracing.ADMITTED_LIMIT
+
+
 def test_a_guard_it_cannot_evaluate_narrows_nothing():
     s, t = sympy.Symbol("u0", integer=True), sympy.Symbol("u1", integer=True)
     full = list(range(301))
@@ -205,7 +189,7 @@ def test_the_slack_is_the_minimum_over_the_values_a_traced_branch_admits():
     call, _ = traced(draft_extend_step, max_context_len=300)
     call(*make_inputs([100, 7, 9], [1, 2, 4]))
     with pytest.raises(RuntimeError, match="traced with the outcome it has at the bound"):
-        call(*make_inputs([200, 7, 9], [1, 2, 4]))  # m = 200: eager takes the other branch of :65
+        call(*make_inputs([200, 7, 9], [1, 2, 4]))  # m = 200: eager takes padded_blocks' other branch
 
 
 def test_lengths_past_the_slack_keep_the_max(monkeypatch):
@@ -227,7 +211,9 @@ def test_lengths_past_the_slack_keep_the_max(monkeypatch):
     before = len(_compat.graph_break_reasons())
     vectors = [([64, 5, 9], [1, 100, 100]), ([150, 120, 7], [100, 100, 1])]  # m + 99 within eager's 256 tokens
     _run(wide_extend_step, vectors, max_context_len=180)
-    assert decisions[0] == [("lengths_exceed", "test_round_up_slack.py:65")], decisions
+    lines, first = inspect.getsourcelines(draft_extend_step)
+    item_line = first + next(i for i, line in enumerate(lines) if ".item()" in line)
+    assert decisions[0] == [("lengths_exceed", f"test_round_up_slack.py:{item_line}")], decisions
     assert any("data-dependent" in r for r, _ in _compat.graph_break_reasons()[before:])
 
 
@@ -239,7 +225,7 @@ def test_without_a_traced_branch_there_is_no_slack_at_zero():
     assert any("data-dependent" in r for r, _ in _compat.graph_break_reasons()[before:])
 
 
-def test_a_length_past_the_bound_raises_on_the_device():
+def test_a_length_past_the_bound_raises_with_the_credited_round_up():
     call, backend = traced(draft_extend_step, max_context_len=180)
     call(*make_inputs([64, 5, 9], [1, 2, 4]))
     assert backend.reports[0].rewritten, str(backend.reports[0])

@@ -540,44 +540,16 @@ def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0):
 
 
 # ------------------------------------------------------------------------------------------------ running a path
-class PassOnly:
-    """The aot_eager-style compile path: the syncfree pass on Dynamo's graph (the same SyncPass and report the
-    backend builds), then the rewritten graph runs as captured, without Inductor. Reports per graph."""
-
-    def __init__(self, max_context_len: int, **options):
-        from compile_pass.options import SyncfreeOptions
-
-        self.options = SyncfreeOptions.from_dict({"max_context_len": max_context_len, **options})
-        self.reports = []
-
-    def __call__(self, gm, example_inputs):
-        from compile_pass import _compat
-        from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
-
-        original = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(run_sync_pass(gm, self.options), self.options)
-        self.reports.append(report)
-        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
-
-
 def compile_step(path: Path, fn):
-    """(compiled fn, reports()) for the path: compile_pass.compile (Inductor) or PassOnly."""
+    """(compiled fn, reports()) for the path: compile_pass.compile (Inductor) or passlib.TracedPassOnly."""
     import compile_pass
 
     if path.inductor:
         step = compile_pass.compile(fn, max_context_len=MAX_CONTEXT, dynamic=path.dynamic, **path.options)
         return step, lambda: list(compile_pass.reports(step))
-    from compile_pass import _compat, tracing
+    from passlib import compile_traced
 
-    backend = PassOnly(MAX_CONTEXT, **path.options)
-    compiled = torch.compile(fn, backend=backend, dynamic=path.dynamic)
-
-    policy = tracing.TracingPolicy.from_options(backend.options, fn)
-
-    def run(*args):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
-            return tracing.call_retracing(compiled, policy, *args)
-
+    run, backend = compile_traced(fn, dynamic=path.dynamic, max_context_len=MAX_CONTEXT, **path.options)
     return run, lambda: list(backend.reports)
 
 

@@ -36,8 +36,8 @@ Triton kernel itself on a 2-D grid `(bs, get_num_kv_index_blocks_flashmla(width,
 programs past a row's pages write nothing, kv_indices.py:228), and FlashMLA's constexpr stride is the scratch's
 own, a constant; TRTLLM-MLA's is the dynamic width itself, which Dynamo cannot specialise (a Dynamo limit).
 
-Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style) for all but
-flashmla_replay_decode_static and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
+Compile paths: passlib.TracedPassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style) for
+all but flashmla_replay_decode_static and trtllm_mla_verify, which go through compile_pass.compile (Inductor).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ nothing is swapped now).
 | triton_draft_extend_no_lists_op_table | rewritten | the same as _registered, through sglang_user::extend_attention | nothing | register_indptr_bound_consumer(sglang_user::extend_attention, ...) and the same options |
 | triton_draft_extend_no_lists_inplace_op_table | rewritten | the same, with the extend op writing o_extend in place and returning nothing (SGLang's convention; its outputs are checked on fake tensors from its inputs' fake mode) | nothing | the same registration, on the in-place op |
 
-Compile paths: PassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style, fast; it traces
-as compile_pass.compile does) for all but `triton_draft_extend_no_lists_op_table` and
+Compile paths: passlib.TracedPassOnly (the pass on Dynamo's graph, then the graph as captured: aot_eager-style,
+fast; it traces as compile_pass.compile does) for all but `triton_draft_extend_no_lists_op_table` and
 `triton_draft_extend_no_lists_registered`, which go through compile_pass.compile (Inductor).
 The indptr rule's facts are registered here (the `triton_backend` fixture), through the public API.
 

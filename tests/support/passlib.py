@@ -6,7 +6,7 @@ import random
 import torch
 
 from compile_pass import _compat
-from compile_pass.backend import guard_disjoint_inputs, report_of
+from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
 from compile_pass.options import SyncfreeOptions
 from compile_pass.sync_pass import SyncPass
 
@@ -80,3 +80,35 @@ def length_vectors(batch: int, count: int, seed: int, top: int = 64, *, low: int
         lengths[rng.randrange(batch)] = rng.choice([low, low + 1, top, rng.randint(low, top)])
         out.append(lengths)
     return out
+
+
+class TracedPassOnly:
+    """The backend's path without Inductor: run_sync_pass (the pass with the ranges given while Dynamo traced
+    taken out, then settled) on Dynamo's graph, then the graph as captured (aot_eager-style). Reports per graph.
+    Use with `compile_traced`, which gives the ranges while Dynamo traces, as compile_pass.compile does."""
+
+    def __init__(self, **options):
+        self.options = SyncfreeOptions.from_dict(options)
+        self.reports = []
+
+    def __call__(self, gm, example_inputs):
+        original = _compat.copy_dynamo_graph_module(gm)
+        report = report_of(run_sync_pass(gm, self.options), self.options)
+        self.reports.append(report)
+        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
+
+
+def compile_traced(fn, dynamic=None, **options):
+    """(call, backend): `fn` compiled through TracedPassOnly, traced as compile_pass.compile traces it (the range
+    of a declared max while Dynamo traces, the retrace where the pass keeps one)."""
+    from compile_pass import tracing
+
+    backend = TracedPassOnly(**options)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    policy = tracing.TracingPolicy.from_options(backend.options, fn)
+
+    def call(*args):
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
+            return tracing.call_retracing(compiled, policy, *args)
+
+    return call, backend
