@@ -325,10 +325,25 @@ def respell_widths(graph: torch.fx.Graph) -> int:
     return count
 
 
-def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
-    """(item, lengths input, guards) of every ranged `.item()` whose frame was traced at the bound."""
-    return [(n, lengths_of(n), [g for _, g in n.meta[AT_BOUND]]) for n in ranged_items(graph)
-            if n.meta.get(AT_BOUND)]
+def traced_at_bound(graph: torch.fx.Graph, mirrors: dict | None = None) -> list[tuple]:
+    """(item, lengths input, guards, after) of every ranged `.item()` whose frame was traced at the bound. `after`
+    is the last node before the `.item()` that may write the lengths (or, for a CPU mirror in `mirrors`, its
+    device twin) in place, None when none does: the device assertion of the outcomes is made after it, on the
+    values the max was taken over."""
+    from .mutations import WriteLog
+
+    found = [n for n in ranged_items(graph) if n.meta.get(AT_BOUND)]
+    log = WriteLog(graph) if found else None
+    out = []
+    for item in found:
+        lengths = lengths_of(item)
+        protected = [lengths, (mirrors or {}).get(lengths)]
+        first = next(iter(graph.nodes))
+        after, writer = None, log.first_write(protected, first, item)
+        while writer is not None:
+            after, writer = writer, log.first_write(protected, writer, item)
+        out.append((item, lengths, [g for _, g in item.meta[AT_BOUND]], after))
+    return out
 
 
 def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
@@ -349,9 +364,12 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
     if retrace:
         raise Retrace(retrace)
     count = 0
-    anchor = next(n for n in graph.nodes if n.op != "placeholder")
-    for item, lengths, guards in assumed:
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    present = set(graph.nodes)
+    for item, lengths, guards, after in assumed:
         lengths = mirrors.get(lengths) or lengths
+        # after the last in-place write of the lengths before the max: the values the max was taken over
+        anchor = after.next if after is not None and after in present else first
         top = insert_call(graph, anchor, torch.amax, (lengths,), lengths)
         for guard in guards:
             holds = _device_value(graph, anchor, guard, top, lengths)

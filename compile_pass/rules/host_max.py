@@ -38,6 +38,7 @@ from ..normalize import (INT_DTYPES, asserted_bound, constant_add, dtype_of, is_
                          plus_constant, strip_kept_values)
 from ..proof import LengthsRelation, ProofContext, Unsafe, declare_reasons, describe_use, why_not
 from . import Option
+from ..tracing import META as TRACED_RANGE
 
 REASONS = declare_reasons("host_max", {
     "empty_lengths": "the lengths are empty, and eager raises at the max",
@@ -176,6 +177,11 @@ def walk_the_max(walk_type, read: SyncPoint, ctx: ProofContext, defer_unbounded:
     check_max_of_lengths(read, ctx)
     try:
         bound, bound_source = site_bound(read.source, ctx)
+        traced = read.value.meta.get(TRACED_RANGE) if isinstance(read.value, torch.fx.Node) else None
+        if traced is not None and traced[0] < bound:
+            # Dynamo traced the max within a narrower range (the mirror's own bound where the twin's is declared):
+            # what it decided holds only there, so that is the bound, and what `checked` asserts
+            bound, bound_source = traced
         unbounded = None
     except Unsafe as e:
         if not defer_unbounded:

@@ -231,3 +231,92 @@ def test_a_length_past_the_bound_raises_with_the_credited_round_up():
     assert backend.reports[0].rewritten, str(backend.reports[0])
     with pytest.raises(RuntimeError, match="static bound"):
         call(*make_inputs([64, 185, 9], [1, 2, 4]))
+
+
+# -- what the review of the credit found (each failed before its fix, or pins a mutant) ------------------------
+def _recording(monkeypatch):
+    import compile_pass.backend as backend_module
+    from compile_pass.sync_pass import SyncPass
+
+    decisions = []
+
+    class Recording(SyncPass):
+        def __call__(self, gm):
+            result = super().__call__(gm)
+            decisions.append(([i.reason_code for i in result.kept], [i.reason for i in result.rewritten]))
+            return result
+
+    monkeypatch.setattr(backend_module, "SyncPass", Recording)
+    return decisions
+
+
+def test_the_slack_is_the_minimum_over_every_value_not_at_the_bound(monkeypatch):
+    """Bound 300, lengths up to the max + 99: the slack at the bound is 212 but 64 at m = 192 (4 pages exactly):
+    kept, as eager's table does not hold them at m = 192."""
+    decisions = _recording(monkeypatch)
+    call, _ = traced(wide_extend_step, max_context_len=300)
+    call(*make_inputs([100, 5, 9], [1, 100, 100]))
+    assert decisions[0][0] == ["lengths_exceed"], decisions
+
+
+def test_an_unconditional_round_up_covers_nothing_at_zero(monkeypatch):
+    """`cdiv(cdiv(m, 64), 4) * 4` without a branch: m = 0 stays a value of the max, where the table has no column,
+    so the lengths (the max + 3) are not covered: kept."""
+    def unconditional(q, k, v, r2t, rpi, seq_lens, extend_seq_lens):
+        m = seq_lens.max().item()
+        lengths = seq_lens - extend_seq_lens + K
+        blocks = ((m + PS - 1) // PS + LCM - 1) // LCM * LCM
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, lengths, table, blocks, PS)
+        return ATTN(q, k, v, table, lengths.to(torch.int32), max_seqlen_k=m + K)
+
+    decisions = _recording(monkeypatch)
+    call, _ = traced(unconditional, max_context_len=180)
+    want = unconditional(*make_inputs([64, 5, 9], [1, 2, 4]))
+    torch.testing.assert_close(call(*make_inputs([64, 5, 9], [1, 2, 4])), want)
+    assert decisions[0][0] == ["lengths_exceed"], decisions
+
+
+def test_the_traced_outcome_is_checked_on_the_lengths_as_the_max_read_them():
+    """The lengths written in place before the max: the branch's outcome is asserted after that write (on the
+    values the max was taken over), not at the graph's start. Pre-write max 190 passes the branch, the max 254
+    does not (4 pages exactly, eager's table then too narrow): the step raises where eager does."""
+    def shifted(q, k, v, r2t, rpi, seq_lens, extend_seq_lens, shift):
+        seq_lens.add_(shift)
+        return draft_extend_step(q, k, v, r2t, rpi, seq_lens, extend_seq_lens)
+
+    call, backend = traced(shifted, max_context_len=300)
+    call(*make_inputs([100, 7, 9], [1, 2, 4]), torch.tensor(0))
+    assert backend.reports[0].rewritten, str(backend.reports[0])
+    with pytest.raises(IndexError):
+        shifted(*make_inputs([190, 7, 9], [1, 2, 4]), torch.tensor(64))
+    with pytest.raises(RuntimeError, match="traced with the outcome it has at the bound"):
+        call(*make_inputs([190, 7, 9], [1, 2, 4]), torch.tensor(64))
+
+
+def test_the_bound_is_never_wider_than_the_range_dynamo_traced_with():
+    """max_context_len 180 gives the mirror's max its range while Dynamo traces; the twin's declared 320 would
+    let the rule assume values Dynamo never traced for (`blocks <= 3` was decided without a guard): the bound is
+    the traced 180, and a mirror past it raises under checked (eager fails there)."""
+    def step(q, k, v, r2t, rpi, seq_lens, seq_lens_cpu, extend_seq_lens):
+        m = seq_lens_cpu.max().item()
+        lengths = seq_lens - extend_seq_lens + K
+        blocks = (m + PS - 1) // PS
+        if blocks % LCM != 0 and blocks <= 3:
+            blocks = (blocks + LCM - 1) // LCM * LCM
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, lengths, table, blocks, PS)
+        return ATTN(q, k, v, table, lengths.to(torch.int32), max_seqlen_k=m + K)
+
+    def inputs(lengths, extends):
+        q, k, v, r2t, rpi, seq_lens, ext = make_inputs(lengths, extends)
+        return q, k, v, r2t, rpi, seq_lens, seq_lens.clone(), ext
+
+    call, backend = traced(step, max_context_len=180, length_bounds={"seq_lens": 320})
+    torch.testing.assert_close(call(*inputs([100, 7, 9], [1, 2, 4])), step(*inputs([100, 7, 9], [1, 2, 4])))
+    (report,) = backend.reports
+    assert report.rewritten and "bound 180" in report.rewritten[0].reason, str(report)
+    with pytest.raises(IndexError):
+        step(*inputs([319, 7, 9], [1, 2, 4]))
+    with pytest.raises(RuntimeError, match="static bound"):
+        call(*inputs([319, 7, 9], [1, 2, 4]))
