@@ -9,6 +9,7 @@ proves: every plan is proven on the untouched graph, then the driver applies the
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import torch
 import torch.fx
@@ -136,6 +137,9 @@ class LengthsRelation:
     # then an upper bound only where every y >= 0, the premise the rule asserts on the device (`premise`)
     subtracted: tuple[torch.fx.Node, ...] = ()
     source_offset: int = 0  # the max is over (root's values) + source_offset: `seq_lens_cpu[:bs] + 4`
+    # `buf[:bs].copy_(values)` then lengths `buf[:bs]` (FlashMLA's replay draft extend): the copies the chain went
+    # through; they write the lengths' memory, which is the relation itself (the caller allows them as writers)
+    copies: tuple[torch.fx.Node, ...] = ()
 
 
 class ProofContext:
@@ -187,7 +191,7 @@ class ProofContext:
         if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
             raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
         source_root, source_offset = _strip_adds(source)
-        node, k, chain, subtracted = lengths, 0, [], []
+        node, k, chain, subtracted, copies = lengths, 0, [], [], []
         top, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
         exact = floored_at_zero(top)
         if exact is not None:  # one floor at 0, outside the constant adds: max(values + k, 0)
@@ -198,15 +202,19 @@ class ProofContext:
             chain += passed
             add = constant_add(root)
             minus = tensor_sub(root) if allow_subtracted and exact is None else None
-            if add is None and minus is None:
+            copy = self.copied_into(root) if allow_subtracted and add is None and minus is None else None
+            if add is None and minus is None and copy is None:
                 break
             chain.append(root)
             if add is not None:
                 node, step = add
                 k += step
-            else:
+            elif minus is not None:
                 node, y = minus
                 subtracted.append(y)
+            else:
+                writer, node = copy
+                copies.append(writer)
         via_mirror = False
         if root is not source_root:
             if self.mirrors.get(source_root) is root or self.mirrors.get(root) is source_root:
@@ -222,7 +230,54 @@ class ProofContext:
                                                f"{source.name} + {source_offset}: the bound would not guard it")
             return LengthsRelation(lengths, root, tuple(chain), max(k, 0), via_mirror, True, exact, k)
         return LengthsRelation(lengths, root, tuple(chain), k, via_mirror, subtracted=tuple(subtracted),
-                               source_offset=source_offset)
+                               source_offset=source_offset, copies=tuple(copies))
+
+    def copied_into(self, view: torch.fx.Node):
+        """(the copy, its source) where `view` is `buf[index]` of a graph input and the last copy before it into
+        the same view of the same buffer, `buf[index].copy_(source)` of a source of the same shape and an int
+        dtype, writes exactly its cells: `view` then holds the source's values (cast to the buffer's dtype), as
+        long as nothing else writes the buffer after the copy, which the caller checks. None otherwise."""
+        if not (view.op == "call_function" and view.target is operator.getitem and len(view.args) == 2):
+            return None
+        base, index = view.args
+        if not isinstance(base, torch.fx.Node) or base.op != "placeholder":
+            return None
+        found = None
+        for node in self.graph.nodes:
+            if node is view:
+                break
+            dest = _copy_destination(node)
+            if dest is not None and dest.op == "call_function" and dest.target is operator.getitem \
+                    and len(dest.args) == 2 and dest.args[0] is base and _same_index(dest.args[1], index):
+                found = node
+        if found is None:
+            return None
+        source = found.args[1] if len(found.args) > 1 else found.kwargs.get("src")
+        sv, dv = example_value(source) if isinstance(source, torch.fx.Node) else None, example_value(view)
+        if not isinstance(sv, torch.Tensor) or not isinstance(dv, torch.Tensor) or sv.dtype not in INT_DTYPES \
+                or [str(d) for d in sv.shape] != [str(d) for d in dv.shape]:
+            return None
+        return found, source
+
+
+def _copy_destination(node: torch.fx.Node):
+    """`dest` of `dest.copy_(src)` (the method or aten.copy_), else None."""
+    if node.op == "call_method" and node.target == "copy_" and node.args:
+        return node.args[0]
+    if node.op == "call_function" and node.target in (torch.ops.aten.copy_.default, torch.Tensor.copy_) and node.args:
+        return node.args[0]
+    return None
+
+
+def _same_index(a, b) -> bool:
+    """The same indexing expression: slices, ints and graph nodes compared element by element (nodes by identity)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_index(x, y) for x, y in zip(a, b))
+    if isinstance(a, slice) and isinstance(b, slice):
+        return all(_same_index(x, y) for x, y in ((a.start, b.start), (a.stop, b.stop), (a.step, b.step)))
+    if isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node):
+        return a is b
+    return type(a) is type(b) and a == b
 
 
 def _strip_adds(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:

@@ -334,8 +334,13 @@ class HostMaxWalk:
         """Nothing writes the lengths (their casts, the max's values, `extra`) from their first read (or the
         first of `start_from`) to `user`; a mirror pair not from the graph's start on. Records the use."""
         start = self.ctx.first([self.first, *rel.chain, *self.source_chain, *extra, *start_from])
+        for copy in rel.copies:  # the copy is the relation: it must come after the max, where the checks start
+            if self.ctx.index(copy) < self.ctx.index(start):
+                raise Unsafe("written", f"{what} are copied into their buffer at {node_location(copy)} before the "
+                                        "max: what the buffer holds when the consumer reads it is not checked")
         self.ctx.check_no_writes(user, [self.source_root, *self.source_chain, rel.root, *rel.chain, rel.lengths,
-                                        *extra], what, start, self.disjoint, allowed_writers=allowed)
+                                        *extra], what, start, self.disjoint,
+                                 allowed_writers=(*allowed, *rel.copies))
         if rel.via_mirror:
             mirror = rel.root if rel.root in self.ctx.mirrors else self.source_root
             self.ctx.check_no_writes(user, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",

@@ -22,7 +22,8 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_verify_static | **rewritten** | the max is over `seq_lens_cpu[:bs] + 4` (:343), the kernel's lengths `seq_lens.to(int32) + 4`: the same values (constant adds on both sides, the mirror pair): page table -> width 5, bound 260 (max_context_len + 4) | nothing: no host read | as for decode |
 | flashmla_replay_verify (automatic dynamic) | kept (`lengths_differ`) on the dynamic graph; the static one rewritten | as for flashmla_replay_decode | a host read per replay on the dynamic graph | `dynamic=False` |
-| flashmla_replay_draft_extend, static or not | kept (`lengths_differ`) | the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step `copy_`s seq_lens into (:411): the rule relates no values through a copy into a buffer | a host read of the mirror per replay | (a rule gap: a copy relation) |
+| flashmla_replay_draft_extend_static | **rewritten** | the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step has just `copy_`ed seq_lens into (:411): the copy relation (the last copy into the same view of the same buffer, after the max, nothing writing the buffer after it) relates the view to seq_lens[:bs], the mirror's twin: page table -> width 4 | nothing | as for decode |
+| flashmla_replay_draft_extend (automatic dynamic) | kept (`lengths_differ`) on the dynamic graph; the static one rewritten | as for flashmla_replay_decode | a host read per replay on the dynamic graph | `dynamic=False` |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
 | trtllm_mla_{decode,verify}_mirror | **rewritten** | `_calc_padded_blocks` (trtllm_mla_backend.py:340): `if blocks % constraint_lcm != 0` (:355) is traced at the bound's outcome (True; False only at m = 0, asserted on the device), verify's `cdiv(m + 4, 64) >= 1` needs no assumption; the round-up `cdiv(cdiv(m [+ 4], 64), 64) * 64` (Dynamo: `torch.sym_sum([63, m])`) sizes `torch.full((bs, blocks), -1)`, filled by the registered writer with that width as its stride, read by the TRTLLM kernel (`max_seq_len` an upper bound): allocated table rule, width 64 (the round-up of the bound's 4 pages), `max_seq_len` 256 (verify 264), the stored table and `max_seq_len_k` at the static values (`static_escapes`); one graph per batch size | nothing | `static_escapes=True`, the writer's and the kernel's facts |
 | trtllm_mla_draft_extend_mirror_static (one graph per batch size) | **rewritten** | the kernel's lengths are `seq_lens - extend_seq_lens + max(extend_seq_lens_cpu)` (:862, 4 here), up to the max + 3 with ragged extends, while the table is sized by the unpadded max (`_calc_padded_blocks(max_seq)`): the relation `x - y + k` (its premise asserted on the device) within the round-up's slack, which the allocated-table rule credits: the least the rounded table covers past the max over every value the max can take, the max + 3840 for m in [1, 256] (m = 0 fails the branch traced at :355 and is asserted away); `max_seq_len` (:1589/:1596, the max + 4) an upper bound | nothing | `static_escapes=True`, the writer's and the kernel's facts, `dynamic=False` |
@@ -110,11 +111,12 @@ EXPECTED = {
     "flashmla_replay_verify": ("kept", "lengths_differ"),
     "flashmla_replay_draft_extend": ("kept", "lengths_differ"),
     # one static graph per batch size: decode rewritten (through Inductor); verify too (the max over
-    # seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32) + 4: the same values); draft extend keeps the
-    # max (its kernel reads a buffer the step copies seq_lens into: no relation through the copy)
+    # seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32) + 4: the same values); draft extend too: its
+    # kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, which the step has just `copy_`ed seq_lens into (:411),
+    # nothing writing it after (the copy relation)
     "flashmla_replay_decode_static": ("rewritten", None),
     "flashmla_replay_verify_static": ("rewritten", "page table -> syncfree.page_table width 5"),
-    "flashmla_replay_draft_extend_static": ("kept", "lengths_differ"),
+    "flashmla_replay_draft_extend_static": ("rewritten", "page table -> syncfree.page_table width 4"),
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
     "trtllm_mla_draft_extend": ("nothing", None),
