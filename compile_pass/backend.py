@@ -112,11 +112,11 @@ def run_sync_pass(gm: torch.fx.GraphModule, opts: SyncfreeOptions) -> PassResult
     """SyncPass on a Dynamo graph, with the ranges the backend gave while Dynamo traced (compile_pass.tracing)
     taken out before (and the widths they respelled read back as the rules know them) and checked again, on the
     host, for every max the pass keeps."""
-    assumed = tracing.traced_at_bound(gm.graph, find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors)))
+    mirrors = find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors))  # of the placeholders: the pass keeps them
+    assumed = tracing.traced_at_bound(gm.graph, mirrors)
     if tracing.strip_range_asserts(gm.graph) + tracing.respell_widths(gm.graph):
         gm.recompile()
     result = SyncPass(opts)(gm)
-    mirrors = find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors))
     if tracing.settle_at_bound(gm.graph, assumed, mirrors) + tracing.recheck_kept(gm.graph):
         gm.recompile()
     return result

@@ -269,16 +269,31 @@ class WriteLog:
         lo, hi = self.order[start], self.order[end]
         return ((node, keys) for i, node, keys in self.writes if lo < i < hi)
 
+    def _writes_of(self, protected: list[torch.fx.Node], start: torch.fx.Node, end: torch.fx.Node):
+        """The nodes strictly between `start` and `end` that may write the memory of any of `protected`, in order."""
+        watched = {_key(example_value(p)) for p in protected if isinstance(example_value(p), torch.Tensor)}
+        if not watched:
+            return
+        for node, keys in self._between(start, end):
+            if any(key is None or key in watched for key in keys) or None in watched:
+                yield node
+
     def first_write(self, protected: list[torch.fx.Node], start: torch.fx.Node,
                     end: torch.fx.Node) -> torch.fx.Node | None:
         """The first node strictly between `start` and `end` that may write the memory of any of `protected`."""
-        watched = {_key(example_value(p)) for p in protected if isinstance(example_value(p), torch.Tensor)}
-        if not watched:
-            return None
-        for node, keys in self._between(start, end):
-            if any(key is None or key in watched for key in keys) or None in watched:
-                return node
-        return None
+        return next(self._writes_of(protected, start, end), None)
+
+    def last_write(self, protected: list[torch.fx.Node], start: torch.fx.Node,
+                   end: torch.fx.Node) -> torch.fx.Node | None:
+        """The last node strictly between `start` and `end` that may write the memory of any of `protected`."""
+        last = None
+        for last in self._writes_of(protected, start, end):
+            pass
+        return last
+
+    def writers_before(self, end: torch.fx.Node) -> list[torch.fx.Node]:
+        """Every node before `end` that may write in place, in graph order."""
+        return [node for i, node, _ in self.writes if i < self.order[end]]
 
     def written_inputs(self, start: torch.fx.Node, end: torch.fx.Node) -> set:
         """Graph inputs whose memory a node strictly between `start` and `end` writes. A proof that found no write

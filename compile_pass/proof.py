@@ -180,14 +180,15 @@ class ProofContext:
             disjoint |= {(p, written) for p in inputs if p is not written}
 
     def relate_lengths(self, source: torch.fx.Node, lengths, who: str,
-                       allow_subtracted: bool = False) -> LengthsRelation:
+                       max_family: bool = False) -> LengthsRelation:
         """How the consumer's `lengths` relate to the values `source` holds: the same values through value-keeping
         casts (narrowing included: lengths are within the bound, which the device check verifies on the wide
         values), constant adds (on either side: a max over `seq_lens_cpu[:bs] + 4` and lengths `seq_lens + 4` hold
         the same values), one floor at 0 outside them (an upper-bound relation: `clamped`), or the declared
-        mirror pair; with `allow_subtracted`, also minus int tensors of the graph (`x - y + c`: an upper-bound
-        relation that holds where each y >= 0, which the caller must have asserted). Unsafe otherwise. Writes are
-        the caller's to check."""
+        mirror pair. With `max_family` (the rules that need only an upper bound and check writes with the
+        relation's copies allowed), also minus int tensors of the graph (`x - y + c`: an upper-bound relation that
+        holds where each y >= 0, which the caller must have asserted) and a copy into a buffer view
+        (`copied_into`). Unsafe otherwise. Writes are the caller's to check."""
         if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
             raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
         source_root, source_offset = _strip_adds(source)
@@ -201,8 +202,8 @@ class ProofContext:
             root, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
             chain += passed
             add = constant_add(root)
-            minus = tensor_sub(root) if allow_subtracted and exact is None else None
-            copy = self.copied_into(root) if allow_subtracted and add is None and minus is None else None
+            minus = tensor_sub(root) if max_family and exact is None else None
+            copy = self.copied_into(root) if max_family and add is None and minus is None else None
             if add is None and minus is None and copy is None:
                 break
             chain.append(root)
@@ -243,9 +244,7 @@ class ProofContext:
         if not isinstance(base, torch.fx.Node) or base.op != "placeholder":
             return None
         found = None
-        for node in self.graph.nodes:
-            if node is view:
-                break
+        for node in self.writes.writers_before(view):  # a copy writes in place: the write log has every one
             dest = _copy_destination(node)
             if dest is not None and dest.op == "call_function" and dest.target is operator.getitem \
                     and len(dest.args) == 2 and dest.args[0] is base and _same_index(dest.args[1], index):

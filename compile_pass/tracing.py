@@ -333,17 +333,11 @@ def traced_at_bound(graph: torch.fx.Graph, mirrors: dict | None = None) -> list[
     from .mutations import WriteLog
 
     found = [n for n in ranged_items(graph) if n.meta.get(AT_BOUND)]
-    log = WriteLog(graph) if found else None
-    out = []
-    for item in found:
-        lengths = lengths_of(item)
-        protected = [lengths, (mirrors or {}).get(lengths)]
-        first = next(iter(graph.nodes))
-        after, writer = None, log.first_write(protected, first, item)
-        while writer is not None:
-            after, writer = writer, log.first_write(protected, writer, item)
-        out.append((item, lengths, [g for _, g in item.meta[AT_BOUND]], after))
-    return out
+    if not found:
+        return []
+    log, first = WriteLog(graph), next(iter(graph.nodes))
+    return [(item, lengths_of(item), [g for _, g in item.meta[AT_BOUND]],
+             log.last_write([lengths_of(item), (mirrors or {}).get(lengths_of(item))], first, item)) for item in found]
 
 
 def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
@@ -398,7 +392,7 @@ def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
         if len(symbols) != 1:
             continue
         try:
-            holds = _host_value(guard, symbols[0], values)
+            holds = _host_value(guard, values)
         except (NotImplementedError, TypeError, ValueError, RuntimeError):
             continue
         if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
@@ -406,27 +400,12 @@ def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
     return values
 
 
-def _host_value(expr, symbol, values: torch.Tensor):
-    """The sympy expression `expr` of `symbol`, evaluated with tensor ops at each of `values` (as _device_value
-    spells it in the graph)."""
-    import sympy
+def _host_value(expr, values: torch.Tensor):
+    """The sympy expression `expr` of one symbol, evaluated at each of `values` (its ints as tensors)."""
+    def call(op, *args):
+        return op(*(a if isinstance(a, torch.Tensor) else torch.tensor(a) for a in args))
 
-    if expr is sympy.true or expr is sympy.false:
-        return torch.tensor(bool(expr))
-    if expr.is_Integer:
-        return torch.tensor(int(expr), dtype=torch.int64)
-    if expr == symbol:
-        return values
-    name = type(expr).__name__
-    args = [_host_value(a, symbol, values) for a in expr.args]
-    if name == "Not":
-        return torch.logical_not(args[0])
-    if name not in _SYMPY_OPS:
-        raise NotImplementedError(f"no host spelling for {name} in {expr}")
-    result = args[0]
-    for other in args[1:]:
-        result = _SYMPY_OPS[name](result, other)
-    return result
+    return _evaluate(expr, values, call, lambda x: isinstance(x, torch.Tensor))
 
 
 def _passed_into_a_region(item: torch.fx.Node) -> bool:
@@ -446,25 +425,36 @@ _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.flo
 
 def _device_value(graph, anchor, expr, value: torch.fx.Node, like: torch.fx.Node):
     """The sympy expression `expr` of one symbol, computed with tensor ops on the device tensor `value`."""
+    return _evaluate(expr, value, lambda op, *args: insert_call(graph, anchor, op, args, like),
+                     lambda x: isinstance(x, torch.fx.Node))
+
+
+def _evaluate(expr, value, call, is_value):
+    """The sympy expression `expr` of one symbol, `value` standing for it: operations on Python ints folded, every
+    other one made by `call(op, *args)` (a graph node, or a tensor op on the host); `is_value` tells what `call`
+    made from a folded int. The one spelling of the guards, for the device assertion and the proof's domain."""
+    import sympy
+
+    if expr is sympy.true or expr is sympy.false:
+        return bool(expr)
     if expr.is_Integer:
         return int(expr)
     if expr.is_Symbol:
         return value
     name = type(expr).__name__
     if name == "Not":
-        return insert_call(graph, anchor, torch.logical_not, (_device_value(graph, anchor, expr.args[0], value,
-                                                                              like),), like)
+        return call(torch.logical_not, _evaluate(expr.args[0], value, call, is_value))
     if name not in _SYMPY_OPS:
-        raise NotImplementedError(f"no device spelling for {name} in {expr}")
-    args = [_device_value(graph, anchor, a, value, like) for a in expr.args]
+        raise NotImplementedError(f"no spelling for {name} in {expr}")
+    args = [_evaluate(a, value, call, is_value) for a in expr.args]
     result = args[0]
     for other in args[1:]:
-        if not isinstance(result, torch.fx.Node) and not isinstance(other, torch.fx.Node):
+        if not is_value(result) and not is_value(other):
             result = _SYMPY_OPS[name](result, other)
             continue
-        if not isinstance(result, torch.fx.Node) and name in ("Add", "Mul"):
+        if not is_value(result) and name in ("Add", "Mul"):
             result, other = other, result
-        result = insert_call(graph, anchor, _SYMPY_OPS[name], (result, other), like)
+        result = call(_SYMPY_OPS[name], result, other)
     return result
 
 

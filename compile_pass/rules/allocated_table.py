@@ -328,7 +328,7 @@ class _Walk(HostMaxWalk):
                 raise Unsafe("round_up", f"the page count at {node_location(count)} is rounded by `(n + {add}) // "
                                          f"{multiple} * {factor}`, not up to a multiple of {multiple}: it may be "
                                          "narrower than the pages of a row")
-            pages = (pages + add) // multiple * multiple  # monotone in n: at least eager's width for every m
+            pages = _rounded_width(self.bound, extra, page_size, add, multiple)  # monotone: >= eager's for every m
             for check in checks:  # Dynamo's own, on the multiples: true for every count in [0, pages / L]
                 if not holds_for_every_value(check, check.args[0] if check.args[0] in rounding else check.args[1],
                                              pages // multiple):
@@ -395,7 +395,7 @@ class _Walk(HostMaxWalk):
         values = tracing.admitted_values(self.point.value, self.bound)
         if values is None or values.numel() == 0:  # not enumerated (a bound past 4M), or no value runs
             return extra
-        width = ((values + extra + page_size - 1) // page_size + add) // multiple * multiple
+        width = _rounded_width(values, extra, page_size, add, multiple)
         return max(extra, int((width * page_size - values).min()))
 
     def check_buffer(self, table: torch.fx.Node, pages: int) -> None:
@@ -587,6 +587,11 @@ class _Walk(HostMaxWalk):
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
                                   frozenset(self.disjoint), scratch)
+
+
+def _rounded_width(m, extra: int, page_size: int, add: int, multiple: int):
+    """Eager's rounded-up width at max m (an int, or a tensor of values): `(cdiv(m + extra, ps) + a) // L * L`."""
+    return (ceil_div(m + extra, page_size) + add) // multiple * multiple
 
 
 def _is_table_of(alloc, count: torch.fx.Node) -> bool:

@@ -177,7 +177,7 @@ def walk_the_max(walk_type, read: SyncPoint, ctx: ProofContext, defer_unbounded:
     check_max_of_lengths(read, ctx)
     try:
         bound, bound_source = site_bound(read.source, ctx)
-        traced = read.value.meta.get(TRACED_RANGE) if isinstance(read.value, torch.fx.Node) else None
+        traced = read.value.meta.get(TRACED_RANGE)
         if traced is not None and traced[0] < bound:
             # Dynamo traced the max within a narrower range (the mirror's own bound where the twin's is declared):
             # what it decided holds only there, so that is the bound, and what `checked` asserts
@@ -320,7 +320,7 @@ class HostMaxWalk:
         """The lengths `user` reads hold the max's values + k (k <= offset), unwritten since the max (`extra`:
         more nodes to protect from the same start, e.g. an indptr; `allowed`: writers whose facts say they write
         none of them). The use is recorded for the lengths' device assertion."""
-        rel = self.ctx.relate_lengths(self.point.source, lengths, who, allow_subtracted=True)
+        rel = self.ctx.relate_lengths(self.point.source, lengths, who, max_family=True)
         self.require_covered(rel, offset, f"{who} exceed the max by {rel.offset}")
         self.guard_lengths(user, rel, allowed, extra, what)
         return rel

@@ -318,7 +318,7 @@ def unpad_draft_extend_output(raw_out, cu_seqlens_q, seq_lens_q, sum_seq_lens_q,
     t = torch.arange(sum_seq_lens_q, device=raw_out.device)
     row = torch.searchsorted(cu_seqlens_q[1: bs + 1].to(torch.int64), t, right=True).clamp(max=bs - 1)
     col = t - cu_seqlens_q[row].to(torch.int64)
-    if bool((col >= seq_lens_q[row]).any()) if not torch.compiler.is_compiling() else False:
+    if not torch.compiler.is_compiling() and bool((col >= seq_lens_q[row]).any()):
         raise IndexError("unpad_draft_extend_output: a token outside its row's extend")
     out = raw_out[row, col.clamp(0, width - 1)]
     if unpad_output_buffer is not None:
