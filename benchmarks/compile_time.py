@@ -4,11 +4,12 @@ cache artifacts (issues 22 and 29).
     python benchmarks/compile_time.py [--variants syncfree-regional syncfree-whole stock-regional stock-whole]
                                       [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE
                                        | opt:KEY=VALUE]
-                                      [--knob-variant syncfree-regional] [--no-warm] [--no-shipped]
+                                      [--knob-variant syncfree-regional ...] [--no-warm] [--no-shipped]
                                       [--no-precompiled] [--no-kept-triton]
                                       [--budget S] [--timeout S] [--smoke]
                                       [--layers 32] [--batch 1] [--context 4096] [--steps 128]
-                                      [--device cuda|cpu] [--shape 8b|tiny] [--trace DIR] [--json out.json]
+                                      [--device cuda|cpu] [--shape 8b|tiny] [--trace DIR] [--profile DIR]
+                                      [--json out.json]
 
 Every run is a fresh process (this script with --child) that builds the model and the step exactly as
 decode_loop.py's --cold-compile does (decode_loop.model_config, TinyLlama, Loop, make_variant), makes the first
@@ -30,7 +31,11 @@ the load wrote into the Triton cache (`triton`: entries written, already present
   syncfree-whole      (e) without regions
   stock-regional      decode_loop's (b): stock torch.compile, regional
   stock-whole         (b) without regions
-Knobs (each one more cold run of --knob-variant, after the variants and their warm reruns):
+  stock-static-regional  decode_loop's (f): stock torch.compile of the hand-written sync-free step (a static-width
+                      page table filled on the device), regional: the graph an engine writing it by hand gives
+                      torch.compile, without the pass (the floor for the syncfree rows)
+  stock-static-whole  (f) without regions
+Knobs (each one more cold run of each --knob-variant, after the variants and their warm reruns):
   threads1               TORCHINDUCTOR_COMPILE_THREADS=1: every Triton compile in this process, no worker pool
   prewarm-pool           start Inductor's compile-worker pool at process start (overlaps the model build and
                          Dynamo's tracing; otherwise compile_fx starts it, and kernels compile here until it is up)
@@ -42,10 +47,11 @@ Knobs (each one more cold run of --knob-variant, after the variants and their wa
   env:NAME=VALUE         any environment variable of the child (e.g. env:TORCHINDUCTOR_COMPILE_THREADS=16)
   opt:KEY=VALUE          a syncfree backend option of the (e) variants (e.g. opt:checked=False: no device assert)
   no-checked             opt:checked=False (what the pass's device assertion costs in compile time)
-  per-layer-kv           regional variants: the KV pool as one tensor per layer (TinyLlama.new_kv_pool(per_layer=
-                         True)), so every layer's region call has inputs of the same metadata: torch 2.11 keys a
-                         region's body by its inputs' storage offsets too, and the views k_pool[i] of one stacked
-                         pool give a body per layer, each lowered again
+  stacked-kv             regional variants: one stacked KV pool, the views k_pool[i] per layer, instead of the
+                         default tensor per layer (TinyLlama.new_kv_pool(per_layer=True), as SGLang keeps a
+                         buffer per layer). torch 2.11 keys a region's body by its inputs' storage offsets too, so
+                         the stacked pool gives a body per layer, each lowered again (the default before
+                         2026-12-02; `per-layer-kv`, that default's knob then, is now the same as no knob)
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
 its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
@@ -71,6 +77,8 @@ skipped runs are listed in the JSON, which is rewritten after every run. Per run
   cudagraphs: Inductor's partition lines, its cudagraph counters; syncfree: the pass's and the backend's seconds
     (SyncReport.pass_seconds / backend_seconds), rewritten / kept.
 Fields this torch or triton lacks are null. --trace DIR sets TORCH_TRACE for each run (DIR/<run>, for tlparse).
+--profile DIR runs each first call under cProfile and writes DIR/<run>.pstats (`python -m pstats`); the profiler
+slows Python down, so such a run's seconds are for the profile's proportions, not for the tables.
 """
 
 from __future__ import annotations
@@ -97,6 +105,11 @@ VARIANTS = {  # name -> (decode_loop variant, regional)
     "syncfree-whole": ("e", False),
     "stock-regional": ("b", True),
     "stock-whole": ("b", False),
+    # stock torch.compile of the hand-written sync-free step (decode_loop's (f): a static-width page table filled
+    # on the device): the same kind of graph as ours, compiled without the pass. What a sync-free step costs
+    # torch.compile when an engine writes it by hand: the floor to compare the syncfree rows against.
+    "stock-static-regional": ("f", True),
+    "stock-static-whole": ("f", False),
 }
 
 KNOBS = {
@@ -107,7 +120,8 @@ KNOBS = {
     "no-cudagraph-trees": dict(config={"triton.cudagraph_trees": False}),
     "no-pattern-matcher": dict(config={"pattern_matcher": False}),
     "no-checked": dict(options={"checked": False}),
-    "per-layer-kv": dict(per_layer_kv=True),
+    "stacked-kv": dict(stacked_kv=True),
+    "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
 
 # A small model for a CPU smoke run: the loop's structure, not its size.
@@ -163,7 +177,7 @@ DERIVED = {
 }
 OUTSIDE = ("outside_compile", "the first call less Dynamo's whole compile: the warm-up run, the project's kernels' "
            "JIT, runtime autotuning, CUDA graphs")
-NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False, "per_layer_kv": False}
+NO_KNOB = {"env": {}, "config": {}, "prewarm_pool": False, "stacked_kv": False}
 ARTIFACTS = "artifacts.bin"  # in a cold run's cache root: compile_pass.cache.save_artifacts' file
 PRECOMPILED = "step.aot"  # beside it: the step compile_pass.cache.aot_compile saved (syncfree variants)
 SAVED = {"shipped": (ARTIFACTS, "load_artifacts"), "precompiled": (PRECOMPILED, "load_precompiled"),
@@ -192,16 +206,19 @@ def parse_knob(name: str) -> dict:
     return {**NO_KNOB, ("config" if kind == "cfg" else "options"): {key: parsed}}
 
 
-def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = False,
+def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shipped: bool = False,
               kept_triton: bool = True) -> list[dict]:
     """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), their
     shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
     run's caches), their precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
-    cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob (of
-    knob_variant, whose plain cold run is added first when it is not among the variants)."""
+    cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob of
+    each knob variant (knob_variant: one name or a list), whose plain cold run is added first when it is not among
+    the variants)."""
+    knob_variants = [knob_variant] if isinstance(knob_variant, str) else list(knob_variant)
     cold = list(variants)
-    if knobs and knob_variant not in cold:
-        cold.insert(0, knob_variant)
+    for v in reversed(knob_variants):
+        if knobs and v not in cold:
+            cold.insert(0, v)
     runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
     if warm:
         runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
@@ -214,8 +231,8 @@ def plan_runs(variants, knobs, knob_variant: str, warm: bool, shipped: bool = Fa
             runs += [dict(name=f"{v} precompiled kept-triton", variant=v, knob="default",
                           cache="precompiled-kept-triton", caches=f"{v}+precompiled-kept-triton", artifacts=v,
                           triton_from=v) for v in cold if VARIANTS[v][0] == "e"]
-    runs += [dict(name=f"{knob_variant} cold {k}", variant=knob_variant, knob=k, cache="cold",
-                  caches=f"{knob_variant}+{k}") for k in knobs]
+    runs += [dict(name=f"{v} cold {k}", variant=v, knob=k, cache="cold", caches=f"{v}+{k}")
+             for v in knob_variants for k in knobs]
     return runs
 
 
@@ -631,7 +648,7 @@ def child(spec: dict) -> dict:
 
         config = dataclasses.replace(config, **TINY)
     model = decode_loop.TinyLlama(config, device=device)
-    k_pool, v_pool = model.new_kv_pool(device, per_layer=bool(knob.get("per_layer_kv")) and config.regional)
+    k_pool, v_pool = decode_loop.new_pools(model, device, stacked=bool(knob.get("stacked_kv")))
     if device == "cuda":
         loop = decode_loop.Loop(config, spec["batch"])
         loop.set_context(spec["context"])
@@ -645,7 +662,11 @@ def child(spec: dict) -> dict:
         fn = compile_pass.compile(lambda fb: model(fb, k_pool, v_pool), max_context_len=config.max_context_len,
                                   cudagraphs=True, fullgraph=True, **options)
     else:
-        fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config)
+        page_buffer = None
+        if spec["dl_variant"] == "f":  # the hand-written engine's static-width table, as decode_loop.py sizes it
+            page_buffer = torch.zeros(spec["batch"], config.max_context_len // config.page_size, dtype=torch.int32,
+                                      device=device)
+        fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config, page_buffer)
     sync()
     out["model_build_s"] = time.perf_counter() - start
     if spec.get("load_precompiled"):  # a precompiled start: the saved step, the normal compile as its fallback
@@ -676,11 +697,24 @@ def child(spec: dict) -> dict:
     metrics_start = len(list((private("torch._dynamo.utils.get_compilation_metrics") or (lambda: []))()))
     times0, counters0, mark0 = _time_metrics(), _counters(), probes.mark()
     cudagraphs0 = decode_loop.cudagraph_counters()
+    profiler = None
+    if spec.get("profile"):
+        import cProfile
+
+        profiler = cProfile.Profile()
     with CudagraphSkips() as log:
         start = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         fn(fb)
         sync()
+        if profiler is not None:
+            profiler.disable()
         out["first_call_s"] = time.perf_counter() - start
+    if profiler is not None:
+        os.makedirs(spec["profile"], exist_ok=True)
+        out["profile"] = os.path.join(spec["profile"], safe_name(spec["name"]) + ".pstats")
+        profiler.dump_stats(out["profile"])
     times1, counters1, mark1 = _time_metrics(), _counters(), probes.mark()
     out["cudagraphs"] = dict(partitions=log.partitions(), first_call_counters=decode_loop.counters_since(cudagraphs0))
     for which in ("second_call_s", "third_call_s"):  # CUDA-graph trees: warm-up at the first, recording at the second
@@ -760,7 +794,13 @@ def spec_of(args, run: dict, save_artifacts: str | None = None, load_artifacts: 
                 dl_variant=dl_variant, regional=regional, layers=args.layers, batch=args.batch,
                 context=args.context, steps=args.steps, device=args.device, shape=args.shape,
                 save_artifacts=save_artifacts, load_artifacts=load_artifacts, save_precompiled=save_precompiled,
-                load_precompiled=load_precompiled)
+                load_precompiled=load_precompiled,
+                profile=os.path.abspath(args.profile) if getattr(args, "profile", None) else None)
+
+
+def safe_name(name: str) -> str:
+    """A run's name as a file name: letters, digits, '-' and '.' kept, anything else '_'."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in name)
 
 
 def count_files(root: str, suffix: str) -> int:
@@ -783,8 +823,7 @@ def run_child(args, run: dict, cache_root: str, timeout: float, artifacts: dict 
     os.makedirs(env["TMPDIR"], exist_ok=True)
     env.update(parse_knob(run["knob"])["env"])
     if args.trace:
-        env["TORCH_TRACE"] = os.path.join(os.path.abspath(args.trace),
-                                          "".join(c if c.isalnum() or c in "-." else "_" for c in run["name"]))
+        env["TORCH_TRACE"] = os.path.join(os.path.abspath(args.trace), safe_name(run["name"]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec_of(args, run, **(artifacts or {})))]
     cubins_before = count_files(env["TRITON_CACHE_DIR"], ".cubin")
     start = time.perf_counter()
@@ -916,7 +955,8 @@ def parse_args(argv=None):
     parser.add_argument("--knobs", nargs="*", default=[],
                         help=f"cold runs of --knob-variant with one knob each: {', '.join(KNOBS)}, cfg:KEY=VALUE, "
                              "env:NAME=VALUE")
-    parser.add_argument("--knob-variant", default="syncfree-regional", choices=list(VARIANTS))
+    parser.add_argument("--knob-variant", nargs="+", default=["syncfree-regional"], choices=list(VARIANTS),
+                        help="the variants the knobs' cold runs are of (each knob for each)")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
                         help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
@@ -937,6 +977,9 @@ def parse_args(argv=None):
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for all runs: a run is not started when less is left than it is expected "
                              "to take")
+    parser.add_argument("--profile", help="cProfile every first call: one <run name>.pstats per run in this "
+                                          "directory (the profiler slows Python down: its timings are not the "
+                                          "tables')")
     parser.add_argument("--trace", help="TORCH_TRACE directory root (one subdirectory per run, for tlparse)")
     parser.add_argument("--json")
     parser.add_argument("--child", help=argparse.SUPPRESS)

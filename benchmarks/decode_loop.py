@@ -63,6 +63,18 @@ def model_config(args, batch: int, contexts: list[int]) -> TinyLlamaConfig:
                            metadata="item", dtype=torch.bfloat16, regional=args.regional)
 
 
+def new_pools(model: TinyLlama, device="cuda", stacked: bool = False):
+    """The step's KV pools: with regions, a tensor per layer (as SGLang keeps a buffer per layer; the views k_pool[i]
+    of one stacked pool differ in storage offset, and torch 2.11 then traces and lowers a region body per layer:
+    see TinyLlama.new_kv_pool), unless `stacked`; without regions the stacked pool the plain model indexes."""
+    return model.new_kv_pool(device, per_layer=model.config.regional and not stacked)
+
+
+def pool_tensors(pool) -> list[torch.Tensor]:
+    """A pool's tensors: the stacked tensor, or the per-layer list."""
+    return [pool] if isinstance(pool, torch.Tensor) else list(pool)
+
+
 def kv_pool_bytes(config: TinyLlamaConfig) -> int:
     return 2 * config.layers * config.num_pages * config.page_size * config.kv_heads * config.head_dim * 2
 
@@ -132,7 +144,7 @@ def cold_compile(args) -> dict:
     """The first call of one variant in this (fresh) process: its compile time, and the pass's share."""
     config = model_config(args, 1, args.contexts)
     model = TinyLlama(config, device="cuda")
-    k_pool, v_pool = model.new_kv_pool("cuda")
+    k_pool, v_pool = new_pools(model, stacked=args.stacked_kv)
     loop = Loop(config, 1)
     loop.set_context(args.contexts[0])
     fn = make_variant(args.cold_compile, model, k_pool, v_pool, config)
@@ -238,6 +250,8 @@ def cold_command(args, variant: str) -> list[str]:
            "--steps", str(args.steps), "--contexts", str(args.contexts[0])]
     if args.regional:
         cmd.append("--regional")
+    if args.stacked_kv:
+        cmd.append("--stacked-kv")
     if args.tuning:
         cmd += ["--tuning", args.tuning]
     return cmd
@@ -276,7 +290,10 @@ def parse_args(argv=None):
                              "same caches (the warm-cache start)")
     parser.add_argument("--regional", action="store_true",
                         help="build the model with TinyLlamaConfig(regional=True): two nested_compile_region calls "
-                             "per layer, one traced layer body stamped out")
+                             "per layer, one traced layer body stamped out; the KV pool a tensor per layer")
+    parser.add_argument("--stacked-kv", action="store_true",
+                        help="with --regional: one stacked KV pool (views k_pool[i]) instead of a tensor per layer; "
+                             "torch 2.11 then lowers a region body per layer (the loop's layout before 2026-12-02)")
     parser.add_argument("--cold-timeout", type=int, default=300)
     parser.add_argument("--profile", action="store_true",
                         help="where (e)'s and (f)'s step time goes, by kind of kernel, at each batch's first context")
@@ -326,11 +343,10 @@ def main():
             continue
         config = model_config(args, batch, contexts)
         model.config = config  # the pool and the static width follow this batch's contexts
-        k_pool, v_pool = model.new_kv_pool("cuda")
-        k_pool.normal_()
-        v_pool.normal_()
-        compile_pass._compat.mark_static_address(k_pool)
-        compile_pass._compat.mark_static_address(v_pool)
+        k_pool, v_pool = new_pools(model, stacked=args.stacked_kv)
+        for pool in pool_tensors(k_pool) + pool_tensors(v_pool):
+            pool.normal_()
+            compile_pass._compat.mark_static_address(pool)
         page_buffer = torch.zeros(batch, config.max_context_len // PAGE_SIZE, dtype=torch.int32, device="cuda")
         torch._dynamo.reset()
         variants = {v: make_variant(v, model, k_pool, v_pool, config, page_buffer) for v in args.variants}

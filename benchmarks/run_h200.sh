@@ -43,6 +43,12 @@
 #              flags: "--no-warm --knobs" for no warm reruns and no knobs). Fits one device call: STARTUP_LIMIT
 #              defaults to 500 s. A short call for the precompiled starts alone:
 #              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=360
+#              The regional variants use a KV tensor per layer (the knob stacked-kv: one stacked pool); the
+#              stock-static-* variants are stock torch.compile of the hand-written sync-free step (decode_loop's f)
+#   profile    the same script with --profile: the cold first calls of $PROFILE_VARIANTS (default
+#              "syncfree-regional syncfree-whole") under cProfile, one $OUT/profile/<run>.pstats each (their
+#              seconds are slowed by the profiler: not for the tables); $PROFILE_ARGS adds flags;
+#              PROFILE_LIMIT defaults to 300 s
 #
 # With TUNED=1 the benchmarks run with $TUNING_FILE (default /root/tuning.json, written by `tune` in an earlier
 # call on the same machine) in place of the committed TUNING. Needs dist/*.whl (make wheel) carried in every call;
@@ -183,6 +189,13 @@ for stage in "$@"; do
         --variants ${STARTUP_VARIANTS:-syncfree-regional syncfree-whole stock-whole stock-regional} \
         ${STARTUP_ARGS:---knobs no-cudagraph-trees no-checked prewarm-pool no-pointwise-autotune} \
         --json "$OUT/startup.json"
+      ;;
+    profile)
+      pr_limit=${PROFILE_LIMIT:-300}
+      # shellcheck disable=SC2086
+      TAIL=60 bench "$pr_limit" profile compile_time.py --budget $((pr_limit - 20)) --timeout 200 --no-warm \
+        --no-shipped --knobs --profile "$OUT/profile" --variants ${PROFILE_VARIANTS:-syncfree-regional syncfree-whole} \
+        ${PROFILE_ARGS:-} --json "$OUT/profile.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

@@ -88,8 +88,9 @@ def test_compile_time_plans_cold_runs_first_then_warm_reruns_then_knobs():
 def test_compile_time_knobs_parse_and_name_a_bad_one():
     import compile_time
 
-    assert compile_time.parse_knob("default") == {"env": {}, "config": {}, "prewarm_pool": False, "per_layer_kv": False}
-    assert compile_time.parse_knob("per-layer-kv")["per_layer_kv"] is True
+    assert compile_time.parse_knob("default") == {"env": {}, "config": {}, "prewarm_pool": False, "stacked_kv": False}
+    assert compile_time.parse_knob("stacked-kv")["stacked_kv"] is True
+    assert compile_time.parse_knob("per-layer-kv") == compile_time.parse_knob("default")
     assert compile_time.parse_knob("threads1")["env"] == {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
     assert compile_time.parse_knob("cfg:triton.cudagraph_trees=False")["config"] == {"triton.cudagraph_trees": False}
     assert compile_time.parse_knob("cfg:worker_start_method=fork")["config"] == {"worker_start_method": "fork"}
