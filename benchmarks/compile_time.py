@@ -46,6 +46,9 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
   cfg:KEY=VALUE          any Inductor config (dotted, e.g. cfg:triton.persistent_reductions=False)
   env:NAME=VALUE         any environment variable of the child (e.g. env:TORCHINDUCTOR_COMPILE_THREADS=16)
   opt:KEY=VALUE          a syncfree backend option of the (e) variants (e.g. opt:checked=False: no device assert)
+  no-schema-cache        SYNCFREE_REGION_SCHEMA_CACHE=0: torch 2.11's own region-schema derivation, a make_fx
+                         trace of the body at every region call in each AOTAutograd pass, instead of the backend's
+                         cache (compile_pass._compat.region_schema_cache; later torch caches it itself)
   no-checked             opt:checked=False (what the pass's device assertion costs in compile time)
   stacked-kv             regional variants: one stacked KV pool, the views k_pool[i] per layer, instead of the
                          default tensor per layer (TinyLlama.new_kv_pool(per_layer=True), as SGLang keeps a
@@ -121,6 +124,7 @@ KNOBS = {
     "no-pattern-matcher": dict(config={"pattern_matcher": False}),
     "no-checked": dict(options={"checked": False}),
     "stacked-kv": dict(stacked_kv=True),
+    "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
 

@@ -45,6 +45,9 @@
 #              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=360
 #              The regional variants use a KV tensor per layer (the knob stacked-kv: one stacked pool); the
 #              stock-static-* variants are stock torch.compile of the hand-written sync-free step (decode_loop's f)
+#              ($STARTUP_NAME names its log and JSON, default startup)
+#   startup2   a second startup run in the same call ($STARTUP2_VARIANTS, default syncfree-regional;
+#              $STARTUP2_ARGS; STARTUP2_LIMIT default 300 s): startup2.log / startup2.json
 #   profile    the same script with --profile: the cold first calls of $PROFILE_VARIANTS (default
 #              "syncfree-regional syncfree-whole") under cProfile, one $OUT/profile/<run>.pstats each (their
 #              seconds are slowed by the profiler: not for the tables); $PROFILE_ARGS adds flags;
@@ -185,10 +188,16 @@ for stage in "$@"; do
     startup)
       st_limit=${STARTUP_LIMIT:-500}
       # shellcheck disable=SC2086
-      TAIL=80 bench "$st_limit" startup compile_time.py --budget $((st_limit - 20)) --timeout 200 \
+      TAIL=80 bench "$st_limit" "${STARTUP_NAME:-startup}" compile_time.py --budget $((st_limit - 20)) --timeout 200 \
         --variants ${STARTUP_VARIANTS:-syncfree-regional syncfree-whole stock-whole stock-regional} \
         ${STARTUP_ARGS:---knobs no-cudagraph-trees no-checked prewarm-pool no-pointwise-autotune} \
-        --json "$OUT/startup.json"
+        --json "$OUT/${STARTUP_NAME:-startup}.json"
+      ;;
+    startup2)  # a second startup run in the same call: $STARTUP2_VARIANTS / $STARTUP2_ARGS / $STARTUP2_LIMIT
+      st2_limit=${STARTUP2_LIMIT:-300}
+      # shellcheck disable=SC2086
+      TAIL=80 bench "$st2_limit" startup2 compile_time.py --budget $((st2_limit - 20)) --timeout 200 \
+        --variants ${STARTUP2_VARIANTS:-syncfree-regional} ${STARTUP2_ARGS:-} --json "$OUT/startup2.json"
       ;;
     profile)
       pr_limit=${PROFILE_LIMIT:-300}

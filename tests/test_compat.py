@@ -415,3 +415,108 @@ def test_inductor_triton_cache_dir_is_where_inductor_points_triton(monkeypatch, 
     monkeypatch.delenv("TRITON_CACHE_DIR")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert _compat.inductor_triton_cache_dir(1) == str(tmp_path / "inductor" / "triton" / "1")
+
+
+# -- region_schema_cache: one schema per region body while the backend's compile_fx runs ---------------------------
+@torch.compiler.nested_compile_region
+def _region_matmul(x, w):
+    return torch.relu(x @ w) + 1
+
+
+@torch.compiler.nested_compile_region
+def _region_accumulate(x, buf):  # mutates an operand: the schema says so, and functionalization follows it
+    buf.add_(x.sum())
+    return x * 2
+
+
+def _regions_step(x, ws, buf):
+    for w in ws:
+        x = _region_accumulate(_region_matmul(x, w), buf)
+    return x
+
+
+def _graph_text(gm) -> str:
+    """The forward graph's code with each region call's schema constant written out: the cache hands every call
+    of a body the same schema object (one attribute), torch without it one equal object per call."""
+    import re
+
+    code = re.sub(r"_tree_spec_constant\w*", "SCHEMA", gm.code)
+    import torch.utils._pytree as pytree
+
+    schemas = [str(getattr(pytree.tree_unflatten([], getattr(gm, n.target)), "schema", None)) for n in gm.graph.nodes
+               if n.op == "get_attr" and n.target.startswith("_tree_spec_constant")]
+    assert all(s != "None" for s in schemas)
+    return code + "\n".join(schemas)
+
+
+def _compile_regions(cache: str, monkeypatch):
+    """The step compiled through AOTAutograd (no Inductor) with cache "off", "on" (where torch lacks its own)
+    or "forced"; returns (outputs, buffer, forward graph code, schema traces of region bodies, installed)."""
+    import torch._higher_order_ops.utils as hop_utils
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    traces, codes, installed = [], [], []
+    original = hop_utils.materialize_as_graph
+    monkeypatch.setattr(hop_utils, "materialize_as_graph", lambda *a, **k: traces.append(1) or original(*a, **k))
+
+    def fw(gm, _):
+        codes.append(_graph_text(gm))
+        return make_boxed_func(gm)
+
+    def backend(gm, example_inputs):
+        if cache == "off":
+            return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+        with _compat.region_schema_cache(force=cache == "forced") as on:
+            installed.append(on)
+            return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    x, ws, buf = torch.randn(4, 8, generator=gen), [torch.randn(8, 8, generator=gen) for _ in range(6)], torch.zeros(())
+    out = torch.compile(_regions_step, backend=backend, fullgraph=True)(x, ws, buf)
+    return out, buf, codes[0], len(traces), installed[0] if installed else None
+
+
+def test_region_schema_cache_traces_each_body_once_and_changes_no_graph(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    x, ws, buf = torch.randn(4, 8, generator=gen), [torch.randn(8, 8, generator=gen) for _ in range(6)], torch.zeros(())
+    expected = _regions_step(x, ws, buf)  # eager: the regions are plain calls
+    off = _compile_regions("off", monkeypatch)
+    forced = _compile_regions("forced", monkeypatch)
+    assert forced[4] is True
+    for out, got_buf, *_ in (off, forced):
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(got_buf, buf)
+    assert forced[2] == off[2]  # the same forward graph, with and without the cache
+    assert forced[3] <= 2 * 2  # at most one schema trace per body per AOTAutograd pass (metadata, trace)
+    assert "HopInstance" not in type(_compat._invoke_subgraph_module().HopInstance).__name__  # restored
+    assert not getattr(_compat._invoke_subgraph_module().HopInstance, "_syncfree_schema_cache", False)
+
+
+def test_region_schema_cache_installs_only_where_torch_lacks_its_own(monkeypatch):
+    off = _compile_regions("off", monkeypatch)
+    on = _compile_regions("on", monkeypatch)
+    assert on[4] is (not _compat.torch_caches_region_schemas())
+    assert on[2] == off[2]
+    if _compat.torch_caches_region_schemas():  # torch's own cache: a trace per body per pass already
+        assert off[3] <= 2 * 2
+    else:  # torch 2.11: a trace per call per pass without the cache (6 layers x 2 regions x 2 passes)
+        assert off[3] >= 2 * 6 * 2 and on[3] <= 2 * 2
+    torch.testing.assert_close(on[0], off[0])
+
+
+def test_region_schema_cache_is_per_tracing_context():
+    assert _compat.region_schema_entries() is None  # no tracing context outside a compile
+    with _compat.region_schema_cache(force=True) as on:
+        assert on
+        with _compat.region_schema_cache(force=True) as nested:
+            assert not nested  # already installed: the outer one restores it
+    assert not getattr(_compat._invoke_subgraph_module().HopInstance, "_syncfree_schema_cache", False)
+
+
+def test_region_schema_cache_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SYNCFREE_REGION_SCHEMA_CACHE", "0")
+    with _compat.region_schema_cache(force=True) as on:
+        assert not on
+        assert not getattr(_compat._invoke_subgraph_module().HopInstance, "_syncfree_schema_cache", False)
