@@ -389,6 +389,21 @@ def _account_post_grad(report: SyncReport, findings: dict) -> None:
 _TORCH_COMPILE_KWARGS = {"fullgraph", "dynamic", "disable"}
 
 
+def warm_compile_workers() -> bool:
+    """On a GPU machine, start Inductor's compile workers when a step is compiled rather than when its first graph
+    reaches Inductor: they come up during Dynamo's trace (the regional 8B step's cold call on the H200: 21.0 ->
+    17.1 s, benchmarks' `prewarm-pool` knob). SYNCFREE_PREWARM_WORKERS=0 leaves them to Inductor. Never raises."""
+    import os
+
+    if os.environ.get("SYNCFREE_PREWARM_WORKERS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    try:
+        return _compat.warm_compile_workers()
+    except Exception as e:  # noqa: BLE001 - a pool that cannot start now starts (or fails) as Inductor's own
+        log.log.debug("compile workers not started early: %s", e)
+        return False
+
+
 def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int | None = None,
             strict: bool = False, cudagraphs: bool | None = None, mode: str | None = None, **kw) -> Callable:
     """Like torch.compile(fn, backend="syncfree", options=...), with capture_scalar_outputs on while Dynamo
@@ -426,6 +441,7 @@ def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int 
     opts = SyncfreeOptions.from_dict(options)  # fail now, naming the bad option
     policy = tracing.TracingPolicy.from_options(opts, fn)
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
+    warm_compile_workers()
     graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)

@@ -520,3 +520,15 @@ def test_region_schema_cache_turned_off_by_the_environment(monkeypatch):
     with _compat.region_schema_cache(force=True) as on:
         assert not on
         assert not getattr(_compat._invoke_subgraph_module().HopInstance, "_syncfree_schema_cache", False)
+
+
+def test_warm_compile_workers_starts_nothing_without_a_pool(monkeypatch):
+    import torch._inductor.async_compile as async_compile
+
+    started = []
+    monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 1)
+    monkeypatch.setattr(async_compile.AsyncCompile, "warm_pool", classmethod(lambda cls: started.append("warm")))
+    assert _compat.warm_compile_workers() is False and started == []
+    monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 4)
+    monkeypatch.setattr(async_compile.AsyncCompile, "wakeup", classmethod(lambda cls: started.append("wakeup")))
+    assert _compat.warm_compile_workers() is True and started == ["warm", "wakeup"]
