@@ -666,10 +666,7 @@ def child(spec: dict) -> dict:
         fn = compile_pass.compile(lambda fb: model(fb, k_pool, v_pool), max_context_len=config.max_context_len,
                                   cudagraphs=True, fullgraph=True, **options)
     else:
-        page_buffer = None
-        if spec["dl_variant"] == "f":  # the hand-written engine's static-width table, as decode_loop.py sizes it
-            page_buffer = torch.zeros(spec["batch"], config.max_context_len // config.page_size, dtype=torch.int32,
-                                      device=device)
+        page_buffer = decode_loop.new_page_buffer(config, spec["batch"], device) if spec["dl_variant"] == "f" else None
         fn = decode_loop.make_variant(spec["dl_variant"], model, k_pool, v_pool, config, page_buffer)
     sync()
     out["model_build_s"] = time.perf_counter() - start

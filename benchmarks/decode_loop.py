@@ -70,6 +70,11 @@ def new_pools(model: TinyLlama, device="cuda", stacked: bool = False):
     return model.new_kv_pool(device, per_layer=model.config.regional and not stacked)
 
 
+def new_page_buffer(config: TinyLlamaConfig, batch: int, device="cuda") -> torch.Tensor:
+    """The hand-written engine's (f) static-width page table: max_context_len / page_size pages per request."""
+    return torch.zeros(batch, config.max_context_len // config.page_size, dtype=torch.int32, device=device)
+
+
 def pool_tensors(pool) -> list[torch.Tensor]:
     """A pool's tensors: the stacked tensor, or the per-layer list."""
     return [pool] if isinstance(pool, torch.Tensor) else list(pool)
@@ -347,7 +352,7 @@ def main():
         for pool in pool_tensors(k_pool) + pool_tensors(v_pool):
             pool.normal_()
             compile_pass._compat.mark_static_address(pool)
-        page_buffer = torch.zeros(batch, config.max_context_len // PAGE_SIZE, dtype=torch.int32, device="cuda")
+        page_buffer = new_page_buffer(config, batch)
         torch._dynamo.reset()
         variants = {v: make_variant(v, model, k_pool, v_pool, config, page_buffer) for v in args.variants}
         loop = Loop(config, batch)
