@@ -35,6 +35,8 @@ the load wrote into the Triton cache (`triton`: entries written, already present
                       page table filled on the device), regional: the graph an engine writing it by hand gives
                       torch.compile, without the pass (the floor for the syncfree rows)
   stock-static-whole  (f) without regions
+  syncfree-whole-outlined  (e) without regions, with the backend option outline_repeats=True (the repeated layers
+                      compiled once as one compiled region: compile_pass.outline_repeats)
 Knobs (each one more cold run of each --knob-variant, after the variants and their warm reruns):
   threads1               TORCHINDUCTOR_COMPILE_THREADS=1: every Triton compile in this process, no worker pool
   prewarm-pool           start Inductor's compile-worker pool at process start (overlaps the model build and
@@ -50,11 +52,13 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          trace of the body at every region call in each AOTAutograd pass, instead of the backend's
                          cache (compile_pass._compat.region_schema_cache; later torch caches it itself)
   no-checked             opt:checked=False (what the pass's device assertion costs in compile time)
-  stacked-kv             regional variants: one stacked KV pool, the views k_pool[i] per layer, instead of the
-                         default tensor per layer (TinyLlama.new_kv_pool(per_layer=True), as SGLang keeps a
-                         buffer per layer). torch 2.11 keys a region's body by its inputs' storage offsets too, so
-                         the stacked pool gives a body per layer, each lowered again (the default before
-                         2026-12-02; `per-layer-kv`, that default's knob then, is now the same as no knob)
+  stacked-kv             one stacked KV pool, the views k_pool[i] per layer, instead of the default tensor per
+                         layer (TinyLlama.new_kv_pool(per_layer=True), as SGLang keeps a buffer per layer). A
+                         region's body is keyed by its inputs' storage offsets too, so the stacked pool gives a body
+                         per layer, each lowered again (the regional default before 2026-12-02, the whole-model
+                         default before its eighth session; `per-layer-kv` is now the same as no knob)
+  outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
+                         one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
 its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
@@ -113,7 +117,10 @@ VARIANTS = {  # name -> (decode_loop variant, regional)
     # torch.compile when an engine writes it by hand: the floor to compare the syncfree rows against.
     "stock-static-regional": ("f", True),
     "stock-static-whole": ("f", False),
+    # (e) on the whole model with the backend option outline_repeats=True: the repeated layers compiled once
+    "syncfree-whole-outlined": ("e", False),
 }
+VARIANT_OPTIONS = {"syncfree-whole-outlined": {"outline_repeats": True}}  # backend options of a variant
 
 KNOBS = {
     "threads1": dict(env={"TORCHINDUCTOR_COMPILE_THREADS": "1"}),
@@ -125,6 +132,7 @@ KNOBS = {
     "no-checked": dict(options={"checked": False}),
     "stacked-kv": dict(stacked_kv=True),
     "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
+    "outline-repeats": dict(options={"outline_repeats": True}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
 
@@ -611,7 +619,8 @@ def _precompile(out: dict, spec: dict, model, fb, k_pool, v_pool, max_context_le
     start = time.perf_counter()
     try:
         aot = compile_pass.cache.aot_compile(_step_of_inputs, (model, fb, k_pool, v_pool),
-                                             max_context_len=max_context_len, cudagraphs=True)
+                                             max_context_len=max_context_len, cudagraphs=True,
+                                             **spec.get("options", {}))
         saved = aot.save_compiled_function(spec["save_precompiled"])
         out["precompiled_saved"] = dict(s=time.perf_counter() - start, bytes=os.path.getsize(spec["save_precompiled"]),
                                         triton=getattr(saved, "triton", None))
@@ -661,7 +670,7 @@ def child(spec: dict) -> dict:
     else:
         fb = decode_loop.make_batch(config, [spec["context"]] * spec["batch"], device=device)
         sync = lambda: None  # noqa: E731
-    options = knob.get("options") or {}
+    options = {**spec.get("options", {}), **(knob.get("options") or {})}
     if options and spec["dl_variant"] == "e":  # decode_loop's (e) with backend options of the knob
         fn = compile_pass.compile(lambda fb: model(fb, k_pool, v_pool), max_context_len=config.max_context_len,
                                   cudagraphs=True, fullgraph=True, **options)
@@ -795,7 +804,7 @@ def spec_of(args, run: dict, save_artifacts: str | None = None, load_artifacts: 
                 dl_variant=dl_variant, regional=regional, layers=args.layers, batch=args.batch,
                 context=args.context, steps=args.steps, device=args.device, shape=args.shape,
                 save_artifacts=save_artifacts, load_artifacts=load_artifacts, save_precompiled=save_precompiled,
-                load_precompiled=load_precompiled,
+                load_precompiled=load_precompiled, options=VARIANT_OPTIONS.get(run["variant"], {}),
                 profile=os.path.abspath(args.profile) if getattr(args, "profile", None) else None)
 
 

@@ -2,8 +2,8 @@
 SwiGLU 14336, vocab 128256, bf16 random weights, ~16 GB), against the bandwidth bound.
 
     python benchmarks/decode_loop.py [--batches 1 8 64] [--contexts 4096 32768] [--steps 128]
-                                     [--variants a b e f] [--regional] [--cold-compile [--warm-compile]]
-                                     [--profile] [--json out.json]
+                                     [--variants a b e f] [--regional] [--outline-repeats] [--stacked-kv]
+                                     [--cold-compile [--warm-compile]] [--profile] [--json out.json]
 
 Every request starts from a prompt context of the given length (its KV already in the pool, random) and
 generates --steps tokens greedily; lengths grow by one every step, and between steps the loop updates the
@@ -24,6 +24,9 @@ With --regional the model is built with TinyLlamaConfig(regional=True): each lay
 torch.compiler.nested_compile_region calls (the KV write between them), so Dynamo traces one layer body and
 stamps it out; every variant runs that same model ((a) in eager, where the regions are plain calls, (b) stock
 torch.compile, (e) the backend, (f) stock with the static table), and the cold processes get the flag too.
+With --outline-repeats, (e) gets the backend option outline_repeats=True (the whole model's repeated stretches
+compiled once, compile_pass.outline_repeats). The KV pool is a tensor per layer, as SGLang keeps it (--stacked-kv:
+one stacked pool, the views k_pool[i] per layer).
 Per compiled variant the JSON records Inductor's "Created N graph partitions" lines (TORCH_LOGS=cudagraphs; logged
 when Inductor compiles, not on an FX-graph-cache hit) and the cudagraph-skip counters of its first call.
 A (B, context) whose KV pool does not fit the GPU next to the weights is skipped, with the bytes it needed.
@@ -64,10 +67,11 @@ def model_config(args, batch: int, contexts: list[int]) -> TinyLlamaConfig:
 
 
 def new_pools(model: TinyLlama, device="cuda", stacked: bool = False):
-    """The step's KV pools: with regions, a tensor per layer (as SGLang keeps a buffer per layer; the views k_pool[i]
-    of one stacked pool differ in storage offset, and torch 2.11 then traces and lowers a region body per layer:
-    see TinyLlama.new_kv_pool), unless `stacked`; without regions the stacked pool the plain model indexes."""
-    return model.new_kv_pool(device, per_layer=model.config.regional and not stacked)
+    """The step's KV pools: a tensor per layer (as SGLang keeps a buffer per layer; the views k_pool[i] of one
+    stacked pool differ in storage offset, so a compiled region's body, the user's or the backend's outline_repeats,
+    is traced and lowered once per layer: see TinyLlama.new_kv_pool), unless `stacked`. The whole-model rows used
+    the stacked pool before 2026-12-02's eighth session; the regional rows from fdf9cec on."""
+    return model.new_kv_pool(device, per_layer=not stacked)
 
 
 def new_page_buffer(config: TinyLlamaConfig, batch: int, device="cuda") -> torch.Tensor:
@@ -152,7 +156,7 @@ def cold_compile(args) -> dict:
     k_pool, v_pool = new_pools(model, stacked=args.stacked_kv)
     loop = Loop(config, 1)
     loop.set_context(args.contexts[0])
-    fn = make_variant(args.cold_compile, model, k_pool, v_pool, config)
+    fn = make_variant(args.cold_compile, model, k_pool, v_pool, config, outline_repeats=args.outline_repeats)
     before = cudagraph_counters()
     with CudagraphSkips() as log:
         start = time.perf_counter()
@@ -218,7 +222,8 @@ def counters_since(before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in cudagraph_counters().items() if v - before.get(k, 0)}
 
 
-def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
+def make_variant(name, model, k_pool, v_pool, config, page_buffer=None, outline_repeats: bool = False):
+    """One variant's step; `outline_repeats` is the backend option of (e) (the repeated layers compiled once)."""
     def step(fb):
         return model(fb, k_pool, v_pool)
 
@@ -228,7 +233,7 @@ def make_variant(name, model, k_pool, v_pool, config, page_buffer=None):
         return torch.compile(lambda fb: step(fb))
     if name == "e":
         return compile_pass.compile(lambda fb: step(fb), max_context_len=config.max_context_len, cudagraphs=True,
-                                    fullgraph=True)
+                                    fullgraph=True, outline_repeats=outline_repeats)
     if name == "f":
         return torch.compile(lambda fb: model(fb, k_pool, v_pool, page_buffer=page_buffer), fullgraph=True)
     raise ValueError(f"unknown variant {name!r}")
@@ -257,6 +262,8 @@ def cold_command(args, variant: str) -> list[str]:
         cmd.append("--regional")
     if args.stacked_kv:
         cmd.append("--stacked-kv")
+    if args.outline_repeats:
+        cmd.append("--outline-repeats")
     if args.tuning:
         cmd += ["--tuning", args.tuning]
     return cmd
@@ -297,8 +304,11 @@ def parse_args(argv=None):
                         help="build the model with TinyLlamaConfig(regional=True): two nested_compile_region calls "
                              "per layer, one traced layer body stamped out; the KV pool a tensor per layer")
     parser.add_argument("--stacked-kv", action="store_true",
-                        help="with --regional: one stacked KV pool (views k_pool[i]) instead of a tensor per layer; "
-                             "torch 2.11 then lowers a region body per layer (the loop's layout before 2026-12-02)")
+                        help="one stacked KV pool (views k_pool[i]) instead of a tensor per layer; a region body "
+                             "is then lowered per layer (the loop's layout before 2026-12-02)")
+    parser.add_argument("--outline-repeats", action="store_true",
+                        help="(e) with the backend option outline_repeats=True: the whole model's repeated layers "
+                             "compiled once, as one compiled region called per layer")
     parser.add_argument("--cold-timeout", type=int, default=300)
     parser.add_argument("--profile", action="store_true",
                         help="where (e)'s and (f)'s step time goes, by kind of kernel, at each batch's first context")
@@ -354,7 +364,8 @@ def main():
             compile_pass._compat.mark_static_address(pool)
         page_buffer = new_page_buffer(config, batch)
         torch._dynamo.reset()
-        variants = {v: make_variant(v, model, k_pool, v_pool, config, page_buffer) for v in args.variants}
+        variants = {v: make_variant(v, model, k_pool, v_pool, config, page_buffer, args.outline_repeats)
+                    for v in args.variants}
         loop = Loop(config, batch)
         compile_pass._compat.mark_static_address(loop.fb.req_to_token)
         hand_graph = None

@@ -43,7 +43,8 @@
 #              flags: "--no-warm --knobs" for no warm reruns and no knobs). Fits one device call: STARTUP_LIMIT
 #              defaults to 500 s. A short call for the precompiled starts alone:
 #              STARTUP_VARIANTS=syncfree-regional STARTUP_ARGS="--no-warm --knobs" STARTUP_LIMIT=360
-#              The regional variants use a KV tensor per layer (the knob stacked-kv: one stacked pool); the
+#              Every variant uses a KV tensor per layer (the knob stacked-kv: one stacked pool; outline-repeats:
+#              the backend option outline_repeats=True for syncfree-whole); the
 #              stock-static-* variants are stock torch.compile of the hand-written sync-free step (decode_loop's f)
 #              ($STARTUP_NAME names its log and JSON, default startup)
 #   startup2   a second startup run in the same call ($STARTUP2_VARIANTS, default syncfree-regional;

@@ -19,6 +19,7 @@ from . import _compat, log, tracing
 from .find_sync_points import find_cpu_mirrors
 from .normalize import is_full_max
 from .options import OptionError, SyncfreeOptions
+from .outline_repeats import outline_repeats
 from .sync_pass import PassResult, SyncPass
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
@@ -240,6 +241,29 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         patches.pop("triton.cudagraphs", None)
         report.notes.append(CUDAGRAPHS_OFF)
+    if opts.outline_repeats and not keeps_host_read:
+        outlined = outline_repeats(rewritten)
+        if outlined.gm is not rewritten:
+            try:
+                compiled = _compile_final(gm, outlined.gm, example_inputs, report, opts, static_inputs,
+                                          dict(patches), keeps_host_read)
+                report.notes.append(outlined.note())
+                return compiled
+            except SyncRemainsError:
+                raise
+            except Exception as e:  # never fail a compile that would succeed without the option
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                note = (f"outline_repeats: the outlined graph failed to compile ({type(e).__name__}: {first}); "
+                        "compiled as traced instead")
+                log.warn(f"syncfree: {note}")
+                report.notes.append(note)
+    return _compile_final(gm, rewritten, example_inputs, report, opts, static_inputs, patches, keeps_host_read)
+
+
+def _compile_final(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions, static_inputs,
+                   patches: dict, keeps_host_read: bool):
+    """compile_fx of the graph to run, the post-grad check, CUDA graphs where they can run: the compiled callable,
+    guarded for the inputs the rewrites assume disjoint."""
     marked, static_notes = mark_static_scratch(rewritten, static_inputs) if patches.get("triton.cudagraphs") \
         else ([], [])
     try:

@@ -8,8 +8,9 @@ import json
 from typing import Any, get_origin
 
 # Options of ours; every other key must be an Inductor config key and passes through as a config patch.
-_OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs", "static_escapes"}
-_FLAGS = ("strict", "checked", "cudagraphs", "static_escapes")
+_OURS = {"max_context_len", "page_size", "strict", "cpu_mirrors", "checked", "cudagraphs", "static_escapes",
+         "outline_repeats"}
+_FLAGS = ("strict", "checked", "cudagraphs", "static_escapes", "outline_repeats")
 
 
 class OptionError(TypeError, ValueError):
@@ -79,6 +80,9 @@ class SyncfreeOptions:
     # Metadata that escapes the step (a page table, its strided column index or the max, stored on a backend
     # object or returned) leaves at the static width / as the static bound: the one semantic change, opt-in.
     static_escapes: bool = False
+    # The graph's repeated stretches (a whole model's identical layers) are compiled once, as one compiled region
+    # called per layer (compile_pass.outline_repeats): start-up time only, the same values. Opt-in.
+    outline_repeats: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()
     # Options the rules declare (compile_pass.rules: each rule's `options`), normalised by their checks.
     rule_options: tuple[tuple[str, Any], ...] = ()
@@ -122,6 +126,7 @@ class SyncfreeOptions:
             checked=options.get("checked", True),
             cudagraphs=options.get("cudagraphs", False),
             static_escapes=options.get("static_escapes", False),
+            outline_repeats=options.get("outline_repeats", False),
             inductor=tuple(sorted(inductor.items())),
             rule_options=tuple(sorted(rule_options.items())),
         )

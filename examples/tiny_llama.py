@@ -169,15 +169,13 @@ class TinyLlama(torch.nn.Module):
         self.lm_head = w(c.vocab, c.hidden)
 
     def new_kv_pool(self, device="cpu", per_layer: bool = False):
-        """The KV pool: two [layers, num_pages, page_size, Hkv, D] tensors, or with per_layer=True (regional
-        mode only) two lists of one [1, num_pages, page_size, Hkv, D] tensor per layer, as SGLang keeps a buffer per
-        layer. Why per layer: a region's body is shared by the calls whose inputs have the same metadata, and
-        on torch 2.11 the storage offset counts, so the views `k_pool[i]` of one stacked pool make a body per
-        layer (each lowered by Inductor again); per-layer tensors all start at offset 0."""
+        """The KV pool: two [layers, num_pages, page_size, Hkv, D] tensors, or with per_layer=True two lists of
+        one [1, num_pages, page_size, Hkv, D] tensor per layer, as SGLang keeps a buffer per layer. Why per layer: a
+        compiled region's body (the user's nested_compile_region, or the backend's outline_repeats) is shared by the
+        calls whose inputs have the same metadata, and the storage offset counts, so the views `k_pool[i]` of one
+        stacked pool make a body per layer (each lowered by Inductor again); per-layer tensors all start at offset
+        0."""
         c = self.config
-        if per_layer and not c.regional:
-            raise ValueError("new_kv_pool(per_layer=True) is for config.regional=True (the plain model indexes one "
-                             "stacked pool)")
         layers = 1 if per_layer else c.layers
         shape = (layers, c.num_pages, c.page_size, self.local_kv_heads, c.head_dim)
 
@@ -264,11 +262,11 @@ class TinyLlama(torch.nn.Module):
             if cold:
                 raise ValueError("config.regional=True runs the paged decode step only (cold=False)")
             return self.regional_layers(x, fb, k_pool, v_pool, loc, page_table, cache_seqlens)
+        stacked = isinstance(k_pool, torch.Tensor)  # else new_kv_pool(per_layer=True): a tensor per layer
         for i, layer in enumerate(self.layers):
             q, k, v = _attn_in(x, layer.attn_norm, layer.wqkv, fb.positions, self.local_heads, self.local_kv_heads,
                                c.head_dim, c.rope_theta)
-            torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
-            k_cache, v_cache = k_pool[i], v_pool[i]
+            k_cache, v_cache = self.write_kv(k_pool, v_pool, i, loc, k, v, stacked)
             if cold:
                 o = self.attend_cold(q, k_cache, v_cache, fb)
             else:
@@ -278,6 +276,16 @@ class TinyLlama(torch.nn.Module):
             x = x + self.all_reduce((F.silu(gate) * up) @ layer.w_down.t())
         return _rms_norm(x, self.final_norm) @ self.lm_head.t()  # logits [B, Sq, vocab]
 
+    @staticmethod
+    def write_kv(k_pool, v_pool, i: int, loc, k, v, stacked: bool):
+        """Layer i's KV write, and that layer's [num_pages, page_size, Hkv, D] caches: a stacked pool or a list of
+        one tensor per layer."""
+        if stacked:
+            torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
+            return k_pool[i], v_pool[i]
+        torch.ops.syncfree.store_kv(k_pool[i], v_pool[i], 0, loc, k, v)
+        return k_pool[i][0], v_pool[i][0]
+
     def regional_layers(self, x, fb, k_pool, v_pool, loc, page_table, cache_seqlens):
         """config.regional: the same layers (the same ops, in the same order) as two compiled regions each, the
         KV write between them."""
@@ -286,12 +294,7 @@ class TinyLlama(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = attn_in_region(x, layer.attn_norm, layer.wqkv, fb.positions, self.local_heads,
                                      self.local_kv_heads, c.head_dim, c.rope_theta)
-            if stacked:
-                torch.ops.syncfree.store_kv(k_pool, v_pool, i, loc, k, v)
-                k_cache, v_cache = k_pool[i], v_pool[i]
-            else:
-                torch.ops.syncfree.store_kv(k_pool[i], v_pool[i], 0, loc, k, v)
-                k_cache, v_cache = k_pool[i][0], v_pool[i][0]
+            k_cache, v_cache = self.write_kv(k_pool, v_pool, i, loc, k, v, stacked)
             x = attn_out_mlp_region(x, q, k_cache, v_cache, page_table, cache_seqlens, layer.wo, layer.mlp_norm,
                                     layer.w_gate_up, layer.w_down)
         return _rms_norm(x, self.final_norm) @ self.lm_head.t()

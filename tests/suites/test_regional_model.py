@@ -126,8 +126,16 @@ def test_regional_with_a_kv_tensor_per_layer_is_the_stacked_pool_and_one_body_pe
         torch.testing.assert_close(torch.cat(ks), k0)
         torch.testing.assert_close(torch.cat(vs), v0)
     assert compile_pass.last_report().rewritten
-    with pytest.raises(ValueError, match="per_layer=True"):
-        plain.new_kv_pool(per_layer=True)
+    # The plain (whole-model) layers take a KV tensor per layer too: the same numbers and the same writes.
+    pk, pv = plain.new_kv_pool(per_layer=True)
+    for i in range(config.layers):
+        pk[i].copy_(k0[i:i + 1])
+        pv[i].copy_(v0[i:i + 1])
+    fb = make_batch(config, LENGTHS[0], seed=3)
+    stacked_k, stacked_v = k0.clone(), v0.clone()
+    torch.testing.assert_close(plain(fb, pk, pv), plain(fb, stacked_k, stacked_v))
+    torch.testing.assert_close(torch.cat(pk), stacked_k)
+    torch.testing.assert_close(torch.cat(pv), stacked_v)
 
 
 def test_regional_mode_needs_one_rank_and_paged_decode():
