@@ -123,6 +123,52 @@ def test_compiled_decode_has_no_host_sync_at_run_time(cudagraphs):
     assert report.post_grad["local_scalar_dense"] == 0 and report.post_grad["unbacked_symbols"] == []
 
 
+def test_outlined_whole_model_is_sync_free_and_one_cudagraph():
+    """outline_repeats on the whole model (4 layers, a KV tensor per layer): eager's logits and KV writes, no host
+    sync at replay (sync debug "error"), no CUDA-graph skip, one partition, the layers run as one compiled body."""
+    import dataclasses
+
+    import compile_pass
+    from compile_pass._compat import CudagraphSkips, mark_static_address
+    from compile_pass.examples import TinyLlama, make_batch
+    from torch._dynamo.utils import counters
+
+    config, _, _, _ = _model()
+    config = dataclasses.replace(config, layers=4)
+    model = TinyLlama(config, device="cuda")
+    ks, vs = model.new_kv_pool("cuda", per_layer=True)
+    for t in ks + vs:
+        t.normal_()
+        mark_static_address(t)
+    step = compile_pass.compile(lambda fb: model(fb, ks, vs), max_context_len=config.max_context_len,
+                                cudagraphs=True, fullgraph=True, strict=True, outline_repeats=True,
+                                fx_graph_cache=False)
+    counters.clear()
+    skips = CudagraphSkips()
+    for lengths in ([5, 17, 9], [40, 1, 250], [16, 32, 48]):
+        fb = make_batch(config, lengths, device="cuda")
+        expect = model(fb, [t.clone() for t in ks], [t.clone() for t in vs])
+        with skips:
+            for _ in range(3):
+                got = step(fb)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                got = step(fb)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.testing.assert_close(got.float(), expect.float(), atol=2e-4, rtol=2e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["inductor"]["cudagraph_skips"] == 0, skips.messages
+    assert skips.partitions() == ["Created 1 graph partitions: 1 cudagraphable, 0 non-cudagraphable"], \
+        skips.partitions()
+    report = compile_pass.last_report()
+    assert report.syncs_remaining == 0 and len(report.rewritten) == 1
+    assert report.post_grad["local_scalar_dense"] == 0 and report.post_grad["unbacked_symbols"] == []
+    assert any(n.startswith("outline_repeats:") and "compiled once" in n for n in report.notes), report.notes
+
+
 def test_eager_engine_step_does_sync():
     """The check above can fail: the eager step with .max().item() trips the sync detector."""
     from compile_pass.examples import make_batch
