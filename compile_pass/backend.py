@@ -252,7 +252,7 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
             except SyncRemainsError:
                 raise
             except Exception as e:  # never fail a compile that would succeed without the option
-                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                first = log.first_line(e)
                 note = (f"outline_repeats: the outlined graph failed to compile ({type(e).__name__}: {first}); "
                         "compiled as traced instead")
                 log.warn(f"syncfree: {note}")
@@ -274,7 +274,7 @@ def _compile_final(gm, rewritten, example_inputs, report: SyncReport, opts: Sync
         # Inductor could not compile a graph that keeps a host read (torch 2.11/2.12 fail lowering CPU SDPA
         # over an unbacked width, as stock torch.compile does with capture_scalar_outputs on): run this graph
         # as captured, without Inductor, rather than fail a compile that stock torch.compile would finish.
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        first = log.first_line(e)
         note = (f"inductor failed on this graph, which keeps a host read ({type(e).__name__}: {first}); "
                 "it runs as captured, without Inductor, with its host read")
         log.warn(f"syncfree: {note}")

@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _compat, _triton_cache
+from . import _compat, _triton_cache, log
 
 MAGIC = b"SYNCFREE-ARTIFACTS\n"
 # 1: torch's artifacts and the findings. 2: the Triton binaries of the package's kernels too, and a `kind`
@@ -330,7 +330,7 @@ def load_compiled(path: str | Path, fallback: Callable | None = None, *, strict:
             why = str(e)
             built_by = e.built_by
         else:
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            first = log.first_line(e, 300)
             why = f"{type(e).__name__}: {first}"
         message = (f"syncfree: compiled step {path} not loaded ({why}); "
                    + ("calls go to the fallback compile" if fallback is not None else "no fallback was given"))

@@ -144,6 +144,12 @@ def observing_rewrites(callback: Callable[[Any, Any], None]):
 
 
 # -- warnings at the user's line -----------------------------------------------------------------------------------
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's message, first line only and at most `limit` characters: for a note or warning."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
 def warn(message: str, location: str | None = None, graph=None) -> None:
     """A UserWarning attributed to the user's source line: `location` ("file.py:LINE", resolved to its full path
     through the stack traces of `graph`'s nodes), else the innermost calling frame outside torch and this

@@ -88,6 +88,22 @@ def _model(attention="paged_decode"):
     return config, model, k, v
 
 
+def _replay_without_sync(step, fb, skips):
+    """Three calls under `skips` (warm-up and CUDA-graph recording), then three replays that raise on any host
+    sync (sync debug mode "error"); the last output."""
+    with skips:
+        for _ in range(3):
+            got = step(fb)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            got = step(fb)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return got
+
+
 @pytest.mark.parametrize("cudagraphs", [False, True])
 def test_compiled_decode_has_no_host_sync_at_run_time(cudagraphs):
     import compile_pass
@@ -104,16 +120,7 @@ def test_compiled_decode_has_no_host_sync_at_run_time(cudagraphs):
     for lengths in ([5, 17, 9], [40, 1, 250], [16, 32, 48]):
         fb = make_batch(config, lengths, device="cuda")
         expect = model(fb, k.clone(), v.clone())
-        with skips:
-            for _ in range(3):  # warm-up (and CUDA-graph recording)
-                got = step(fb)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(3):
-                got = step(fb)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        got = _replay_without_sync(step, fb, skips)
         torch.testing.assert_close(got.float(), expect.float(), atol=2e-4, rtol=2e-4)
     assert counters["stats"]["unique_graphs"] == 1
     if cudagraphs:
@@ -148,16 +155,7 @@ def test_outlined_whole_model_is_sync_free_and_one_cudagraph():
     for lengths in ([5, 17, 9], [40, 1, 250], [16, 32, 48]):
         fb = make_batch(config, lengths, device="cuda")
         expect = model(fb, [t.clone() for t in ks], [t.clone() for t in vs])
-        with skips:
-            for _ in range(3):
-                got = step(fb)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(3):
-                got = step(fb)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        got = _replay_without_sync(step, fb, skips)
         torch.testing.assert_close(got.float(), expect.float(), atol=2e-4, rtol=2e-4)
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["inductor"]["cudagraph_skips"] == 0, skips.messages
