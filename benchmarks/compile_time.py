@@ -57,6 +57,9 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          region's body is keyed by its inputs' storage offsets too, so the stacked pool gives a body
                          per layer, each lowered again (the regional default before 2026-12-02, the whole-model
                          default before its eighth session; `per-layer-kv` is now the same as no knob)
+  no-kernel-warmup       SYNCFREE_PREWARM_KERNELS=0: this package's kernels compile at their first launch, in the
+                         first call, instead of in the backend's background thread while Inductor compiles
+                         (compile_pass.kernel_warmup)
   outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
                          one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
@@ -132,6 +135,7 @@ KNOBS = {
     "no-checked": dict(options={"checked": False}),
     "stacked-kv": dict(stacked_kv=True),
     "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
+    "no-kernel-warmup": dict(env={"SYNCFREE_PREWARM_KERNELS": "0"}),
     "outline-repeats": dict(options={"outline_repeats": True}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
@@ -314,6 +318,9 @@ def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, fl
         compiles_in_this_process=dict(by_kind),
         project_and_other_kernels=per_kernel,
         project_kernels_jit_s=sum(c["s"] for c in parent_compiles if kernel_kind(c["name"]) == "project"),
+        # of which in the calling thread, i.e. not in compile_pass.kernel_warmup's thread beside Inductor's compile
+        project_kernels_jit_in_call_s=sum(c["s"] for c in parent_compiles if kernel_kind(c["name"]) == "project"
+                                          and c.get("thread", "MainThread") == "MainThread"),
     )
 
 
@@ -468,7 +475,8 @@ class Probes:
                     probes.local.slot = None
                     name = getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", None)
                     probes.triton.append(dict(name=str(name or src)[:120], s=time.perf_counter() - start,
-                                              cache_hit=slot.get("cache_hit")))
+                                              cache_hit=slot.get("cache_hit"),
+                                              thread=threading.current_thread().name))
             wrapped[id(original)] = compile
             return compile
         done = [wrap(path, make) for path in ("triton.compiler.compiler.compile", "triton.compiler.compile",
@@ -877,9 +885,10 @@ def load_seconds(r: dict) -> float | None:
     return None
 
 
-def project_jit_seconds(r: dict) -> float | None:
-    """Seconds of the first call in Triton compiles (or cache loads) of the project's own kernels."""
-    return ((r.get("probes_first_call") or {}).get("triton") or {}).get("project_kernels_jit_s")
+def project_jit_seconds(r: dict, key: str = "project_kernels_jit_s") -> float | None:
+    """Seconds of the first call in Triton compiles (or cache loads) of the project's own kernels, in any thread;
+    key "project_kernels_jit_in_call_s": those in the calling thread (not compile_pass.kernel_warmup's)."""
+    return ((r.get("probes_first_call") or {}).get("triton") or {}).get(key)
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -924,6 +933,7 @@ def summary_lines(r: dict) -> list[str]:
         ("compile summed over workers", t["inductor_kernel_compile_s_sum"]),
         ("slowest", t["inductor_kernel_compile_s_max"], fine)) + f"; compiles in this process: {here}; "
         + _parts(("project kernels JIT", t["project_kernels_jit_s"], fine),
+                 ("of which in the call", t.get("project_kernels_jit_in_call_s"), fine),
                  ("runtime autotune", p["triton_runtime_autotune"], fine))
         + f"; binaries added to the cache {r.get('triton_cache_binaries_added')}")
     jit = r["probes_first_call"].get("jit_launches") or {}
@@ -1076,9 +1086,10 @@ def main(argv=None):
     data["table"] = [dict(run=r["run"]["name"], first_call_s=r.get("first_call_s"),
                           backend_s=(r.get("phases_first_call") or {}).get("backend_call"),
                           cache_load_s=load_seconds(r), project_kernels_jit_s=project_jit_seconds(r),
+                          project_kernels_jit_in_call_s=project_jit_seconds(r, "project_kernels_jit_in_call_s"),
                           error=r.get("error")) for r in data["runs"]]
     print("\nrun | first call s | dynamo own s | backend s | inductor s | async compile wait s | outside compile s"
-          " | project kernels JIT s | cache load s | fx cache")
+          " | project kernels JIT s (in the call) | cache load s | fx cache")
     for r in data["runs"]:
         if "error" in r:
             print(f"{r['run']['name']} | error: {r['error']}")
@@ -1086,7 +1097,9 @@ def main(argv=None):
         p, d = r["phases_first_call"], r["derived_first_call"]
         print(" | ".join([r["run"]["name"], _f(r["first_call_s"]), _f(d["dynamo_own"]), _f(p["backend_call"]),
                           _f(p["inductor_compile_fx_inner"]), _f(p["triton_async_wait"]), _f(d[OUTSIDE[0]]),
-                          _f(project_jit_seconds(r), "{:.2f}"), _f(load_seconds(r), "{:.2f}"),
+                          _f(project_jit_seconds(r), "{:.2f}")
+                          + f" ({_f(project_jit_seconds(r, 'project_kernels_jit_in_call_s'), '{:.2f}')})",
+                          _f(load_seconds(r), "{:.2f}"),
                           str(r["counts"]["fx_graph_cache"])]))
     write(args.json, data)
 

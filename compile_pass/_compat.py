@@ -185,6 +185,16 @@ def fake_mode_of(nodes) -> Any:
     return None
 
 
+def fresh_fake_mode():
+    """A FakeTensorMode of its own (no shape environment, no dispatch cache): for work on fake tensors in another
+    thread than the compile's, which must not share the compile's mode or its caches (compile_pass.kernel_warmup)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    mode.cache_enabled = False  # the dispatch cache is shared by every mode, and this mode runs in another thread
+    return mode
+
+
 @contextlib.contextmanager
 def capture_scalar_outputs():
     """Dynamo reads this flag at trace time, i.e. at the first call, not at torch.compile()."""

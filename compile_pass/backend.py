@@ -1,6 +1,7 @@
 """The `syncfree` torch.compile backend and `compile_pass.compile`.
 
     user fn --Dynamo--> FX graph --SyncPass (rules/)--> rewritten graph --compile_fx + SyncFreeCheck--> callable
+                                                    while compile_fx runs: kernel_warmup (this package's kernels)
 
 The pass returns a typed PassResult; the backend decides from it (strict, CUDA graphs, the per-call guard on
 inputs assumed distinct) and builds the report once.
@@ -15,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import _compat, log, tracing
+from . import _compat, kernel_warmup, log, tracing
 from .find_sync_points import find_cpu_mirrors
 from .normalize import is_full_max
 from .options import OptionError, SyncfreeOptions
@@ -147,6 +148,7 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         report = SyncReport(options=opts.to_dict(), fell_back=True,
                             notes=[f"the pass failed ({type(e).__name__}: {e}); the graph was compiled untouched"])
     report.pass_seconds = time.perf_counter() - start
+    kernel_warmup.start(rewritten)  # this package's kernels compile in the background while Inductor runs
     explain_missing_bound(report, mode, opts)
     try:
         return _compile_rewritten(gm, rewritten, example_inputs, report, opts, static_inputs)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_index_tensor, check_same_device
-from ._triton import cdiv, device_programs, use_triton
+from ._triton import cdiv, device_programs, launch, use_triton
+from .warmup import warmable
 
 # The facts the compile pass relies on, by overload: the written buffer, the indptr and the lengths that bound
 # every write (rules/flat_kv_indices.py registers them). No op of this project reads through an indptr; a reader
@@ -55,7 +56,8 @@ def _launch(out, req_to_token, req_pool_indices, lengths, indptr):
     block = TUNING["block"]
     per_row = max(1, min(cdiv(req_to_token.shape[1], block),
                          cdiv(device_programs(out, per_sm=TUNING["programs_per_sm"]), batch)))
-    kv_indices_kernel[(batch, per_row)](
+    launch(
+        kv_indices_kernel, (batch, per_row),
         out, out.stride(0), out.numel(),
         req_to_token, req_to_token.stride(0), req_to_token.stride(1),
         req_pool_indices, req_pool_indices.stride(0), lengths, lengths.stride(0), indptr, indptr.stride(0),
@@ -82,6 +84,7 @@ def _fill_torch(out, req_to_token, req_pool_indices, lengths, indptr):
 
 
 @torch.library.custom_op("syncfree::kv_indices", mutates_args=("out",))
+@warmable("syncfree::kv_indices")
 def kv_indices(out: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                lengths: torch.Tensor, indptr: torch.Tensor) -> None:
     """out[indptr[b] : indptr[b] + L_b] = req_to_token[req_pool_indices[b], :L_b], L_b = clamp(lengths[b], 0,

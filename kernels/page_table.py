@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_page_table_args, check_positive_int, check_same_device
-from ._triton import cdiv, device_programs, use_triton
+from ._triton import cdiv, device_programs, launch, use_triton
+from .warmup import warmable
 
 # Launch configuration; benchmarks/tune.py sweeps it on a GPU (BENCHMARKS.md records the choice).
 # Swept on an H200 (BENCHMARKS.md): 8 warps, 4 programs per SM.
@@ -36,7 +37,8 @@ def _launch(out, req_to_token, req_pool_indices, seq_lens, page_size):
     # Enough programs per row to fill the device at small batch; never more than the row has blocks.
     programs = device_programs(out, per_sm=TUNING["programs_per_sm"])
     per_row = max(1, min(cdiv(width, block), cdiv(programs, batch)))
-    page_table_kernel[(batch, per_row)](
+    launch(
+        page_table_kernel, (batch, per_row),
         out, out.stride(0), out.stride(1),
         req_to_token, req_to_token.stride(0), req_to_token.stride(1),
         req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0),
@@ -110,6 +112,7 @@ def _check_run(req_to_token, req_pool_indices, seq_lens, capacity: int) -> None:
 
 
 @torch.library.custom_op("syncfree::page_table", mutates_args=())
+@warmable("syncfree::page_table")
 def page_table(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -160,6 +163,7 @@ def _check_buffer(page_table, req_to_token, req_pool_indices, seq_lens, page_siz
 
 
 @torch.library.custom_op("syncfree::page_table_", mutates_args=("page_table",))
+@warmable("syncfree::page_table_")
 def page_table_(
     page_table: torch.Tensor,
     req_to_token: torch.Tensor,

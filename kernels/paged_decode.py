@@ -20,7 +20,8 @@ import math
 import torch
 
 from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
-from ._triton import cdiv, sm_count, use_triton
+from ._triton import cdiv, launch, sm_count, use_triton
+from .warmup import warmable
 
 # The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
 # page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
@@ -189,7 +190,8 @@ def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
     acc = torch.empty((batch, hkv, splits, block_m, block_d) if not direct else (1,), dtype=torch.float32,
                       device=q.device)
     ml = torch.empty((batch, hkv, splits, 2, block_m) if not direct else (1,), dtype=torch.float32, device=q.device)
-    paged_decode_short_kernel[(batch, cdiv(hkv, heads), splits)](
+    launch(
+        paged_decode_short_kernel, (batch, cdiv(hkv, heads), splits),
         q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, out,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -202,7 +204,8 @@ def _launch_short(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         num_warps=SHORT_TUNING["num_warps"], num_stages=SHORT_TUNING["num_stages"],
     )
     if not direct:
-        paged_decode_combine_kernel[(batch, hkv, sq * group)](
+        launch(
+            paged_decode_combine_kernel, (batch, hkv, sq * group),
             acc, ml, out, out.stride(0), out.stride(1), out.stride(2), splits,
             GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_S=min(SHORT_TUNING["combine_block_s"], _next_pow2(splits)),
@@ -225,7 +228,8 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
     acc = torch.empty((batch, hkv, splits, block_m, block_d) if not direct else (1,), dtype=torch.float32,
                       device=q.device)
     ml = torch.empty((batch, hkv, splits, 2, block_m) if not direct else (1,), dtype=torch.float32, device=q.device)
-    paged_decode_split_kernel[(batch, hkv, splits)](
+    launch(
+        paged_decode_split_kernel, (batch, hkv, splits),
         q, k_cache, v_cache, page_table, cache_seqlens, acc, ml, out,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -238,7 +242,8 @@ def _launch(q, k_cache, v_cache, page_table, cache_seqlens, scale, out):
         num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
     )
     if not direct:
-        paged_decode_combine_kernel[(batch, hkv, sq * group)](
+        launch(
+            paged_decode_combine_kernel, (batch, hkv, sq * group),
             acc, ml, out, out.stride(0), out.stride(1), out.stride(2), splits,
             GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_S=min(TUNING["combine_block_s"], _next_pow2(splits)), num_warps=TUNING["combine_warps"],
@@ -276,6 +281,7 @@ def _attend_torch(q, k_cache, v_cache, page_table, cache_seqlens, scale):
 
 
 @torch.library.custom_op("syncfree::paged_decode", mutates_args=())
+@warmable("syncfree::paged_decode")
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -533,3 +533,12 @@ def test_warm_compile_workers_starts_nothing_without_a_pool(monkeypatch):
     monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 4)
     monkeypatch.setattr(async_compile.AsyncCompile, "wakeup", classmethod(lambda cls: started.append("wakeup")))
     assert _compat.warm_compile_workers() is True and started == ["warm", "wakeup"]
+
+
+def test_fresh_fake_mode_makes_fake_tensors_of_its_own_without_the_shared_cache():
+    mode = _compat.fresh_fake_mode()
+    other = _compat.fresh_fake_mode()
+    assert mode is not other and not mode.cache_enabled
+    with mode:
+        t = torch.empty(4, 8, dtype=torch.bfloat16).as_strided((4, 4), (8, 1), 2)
+    assert t.fake_mode is mode and t.shape == (4, 4) and t.stride() == (8, 1) and t.storage_offset() == 2

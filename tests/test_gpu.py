@@ -279,3 +279,74 @@ def test_assert_sync_free_on_cuda_proves_all_three_ways():
     with pytest.raises(SyncCheckFailed, match="kept by the pass"):
         assert_sync_free(syncs, fb, max_context_len=config.max_context_len)
     assert torch.cuda.get_sync_debug_mode() == 0
+
+
+_KERNEL_WARMUP_PROBE = r'''
+import json, sys, threading
+import torch, triton
+import compile_pass
+from compile_pass.examples import TinyLlama, TinyLlamaConfig, make_batch
+
+compiles = []  # (kernel, thread) of every Triton JIT compile in this process (Inductor's own kernels are not JIT)
+
+
+def record(**kw):
+    compiles.append((kw["fn"].name, threading.current_thread().name))
+
+
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+if hasattr(getattr(triton, "knobs", None), "runtime"):
+    triton.knobs.runtime.jit_post_compile_hook = record
+config = TinyLlamaConfig(page_size=16, max_context_len=256, num_pages=64, max_requests=4, regional=True)
+model = TinyLlama(config, device=DEVICE)
+k, v = model.new_kv_pool(DEVICE, per_layer=True)  # a KV tensor per layer, as the benchmarks' regional step
+for t in (*k, *v):
+    t.normal_()
+fb = make_batch(config, [5, 200, 9], device=DEVICE)
+k0, v0 = [t.clone() for t in k], [t.clone() for t in v]
+step = compile_pass.compile(lambda fb: model(fb, k, v), max_context_len=config.max_context_len, fullgraph=True)
+got = step(fb)
+first_call = list(compiles)  # before eager runs: eager compiles the kernels of its own launches
+expect = model(fb, k0, v0)
+error = (got.float() - expect.float()).abs().max().item()
+print(json.dumps(dict(compiles=first_call, error=error)))
+'''
+
+
+def _first_call_compiles(tmp_path, prewarm: str) -> dict:
+    """The regional TinyLlama step's first compiled call in a fresh process with empty Triton and Inductor caches:
+    which thread compiled each of this package's kernels, and the output's distance from eager."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{prewarm}"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{prewarm}"), SYNCFREE_PREWARM_KERNELS=prewarm)
+    # cwd: a folder without the checkout's compile_pass/ source, which would shadow the installed package
+    proc = subprocess.run([sys.executable, "-c", _KERNEL_WARMUP_PROBE], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_first_call_finds_this_packages_kernels_compiled_by_the_warm_up(tmp_path):
+    """compile_pass.kernel_warmup on the H200: with warm-ups on, each of this package's kernels that the first call
+    launches was compiled once, by the warm-up thread, and none by the calling thread; with them off, the calling
+    thread compiles them (the probe sees the difference). Eager-equal either way."""
+    import triton
+
+    from compile_pass.kernel_warmup import THREAD_NAME
+
+    if not hasattr(getattr(triton, "knobs", None), "runtime"):
+        pytest.skip("triton.knobs.runtime (the JIT compile hook) is not in this Triton")
+    on = _first_call_compiles(tmp_path, "1")
+    off = _first_call_compiles(tmp_path, "0")
+    for run in (on, off):
+        assert run["error"] < 2e-4, run
+    kernels_on = sorted(name for name, _ in on["compiles"])
+    assert {"page_table_kernel", "paged_decode_split_kernel"} <= set(kernels_on), on
+    assert len(kernels_on) == len(set(kernels_on)), on  # none compiled twice
+    assert {thread for _, thread in on["compiles"]} == {THREAD_NAME}, on
+    assert sorted(name for name, _ in off["compiles"]) == kernels_on, (on, off)
+    assert {thread for _, thread in off["compiles"]} == {"MainThread"}, off
