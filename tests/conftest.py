@@ -2,6 +2,7 @@ pytest_plugins = ["pytester"]
 
 import os
 import pathlib
+import sys
 
 # One Inductor cache and TMPDIR for the whole run (the first CPU compile is the expensive one).
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -14,6 +15,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import compile_pass  # noqa: E402,F401
+import compile_pass.kernels  # noqa: E402
+
+# `python -m pytest` puts the checkout's root on sys.path, where the source folder kernels/ is importable as a
+# top-level package `kernels`. transformers (imported by the SGLang tests) probes for a PyPI package of that name
+# and, finding no metadata, imports it: kernels/*.py would run a second time and register every torch.ops.syncfree
+# op again with the copy's functions, so that a test patching compile_pass.kernels (tests/test_kernel_warmup.py)
+# would patch functions the ops no longer call. The name is bound to the package already imported.
+sys.modules.setdefault("kernels", compile_pass.kernels)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -112,3 +112,23 @@ def test_the_wheel_metadata(tmp_path):
     assert "[torch.backends]" in entry_points and "[torch_dynamo_backends]" in entry_points
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"compile_pass"}  # the only top-level import name
+
+
+def test_the_source_folder_kernels_never_loads_as_a_second_copy_of_the_ops(monkeypatch):
+    """A probe for a top-level `kernels` package from the checkout's root (transformers imports what it finds)
+    gets the package already imported (tests/conftest.py binds the name), so every torch.ops.syncfree op keeps
+    dispatching to compile_pass.kernels' functions."""
+    import importlib
+
+    import torch
+
+    import compile_pass.kernels
+    import compile_pass.kernels.page_table as page_table_module
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    assert importlib.import_module("kernels") is compile_pass.kernels
+    seen = []
+    monkeypatch.setattr(page_table_module, "_fill", lambda *args: seen.append(args[0].shape))
+    torch.ops.syncfree.page_table(torch.zeros(2, 8, dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([1, 2]),
+                                  4, 2)
+    assert seen == [torch.Size([2, 2])]
