@@ -2,10 +2,15 @@
 
 The first call of a compiled step runs the step once before CUDA graphs record it, and that run is where this
 package's own kernels (the page table, paged decode's split and combine kernels) would be compiled by Triton, one
-after another, with the process waiting: 0.9-1.2 s of the regional 8B step's cold first call on the H200
-(BENCHMARKS.md, "project kernels JIT"). The backend instead starts their compiles in a background thread as soon as
-the pass has rewritten the graph, from the fake values the graph's nodes carry, so they run while AOTAutograd and
+after another, with the process waiting: 1.1-1.6 s of the regional 8B step's cold first call on the H200
+(BENCHMARKS.md, ninth session). The backend instead starts their compiles in a background thread as soon as the
+pass has rewritten the graph, from the fake values the graph's nodes carry, so they run while AOTAutograd and
 Inductor compile the graph; the first launch of each kernel then finds it in Triton's cache.
+
+Why only part of that time is won: Triton's compiler holds the GIL for much of its work, so in a thread it competes
+with AOTAutograd's and Inductor's Python work (on the H200 the same compile takes 2.4-3.7 s in the thread, and the
+backend is 0.4-0.8 s slower while it runs; the first call's time outside the compile falls from 2.7 to 1.35 s).
+A helper process would not compete; it would need Triton's cache key to come out equal in both processes.
 
     graph (after the pass):  %pt = syncfree.page_table(%req_to_token, %rpi, %lens, 1, 4096)
                              %o  = syncfree.paged_decode(%q, %k, %v, %pt, %lens, ...)   (in every layer's body)

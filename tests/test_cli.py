@@ -1,4 +1,6 @@
-"""syncfree-inspect in a subprocess: exit codes, files, JSON, clear errors."""
+"""syncfree-inspect: exit codes, files, JSON, clear errors; the console script in a fresh process where that is what
+is tested (it is installed, the exit status a shell sees, the built-in example, depyf missing or broken), main() in
+this process for the rest."""
 
 import json
 import os
@@ -79,24 +81,6 @@ def test_progress_only_on_a_terminal(capsys):
     assert "compiling stock" in err and "compiling syncfree" not in err
 
 
-@pytest.mark.inductor
-def test_unsafe_target_exits_1_naming_the_line(target_dir):
-    proc = inspect("unsafe_target:target", "--max-context-len", "10", "--out", "dump", cwd=target_dir)
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert "unsafe_target.py:4" in proc.stdout and "kept" in proc.stdout
-    assert "host syncs in Inductor code" in proc.stdout
-    assert "legend:" in proc.stdout and "compiled: target unsafe_target:target" in proc.stdout
-    assert "H200" not in proc.stdout  # the GPU pitch is for the built-in example only
-
-
-@pytest.mark.inductor
-def test_strict_exits_1(target_dir):
-    proc = inspect("unsafe_target:target", "--max-context-len", "10", "--strict", "--out", "dump", cwd=target_dir)
-    assert proc.returncode == 1
-    assert "strict" in proc.stderr and "unsafe_target.py:4" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
 BAD_USAGE = [
     (["nope_module:fn"], "cannot import module 'nope_module'"),
     (["unsafe_target"], "TARGET must be module:function"),
@@ -117,13 +101,6 @@ def test_bad_usage_from_the_console_script_exits_2_with_one_clear_line(target_di
     assert proc.returncode == 2
     assert "raised RuntimeError: no model here" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_a_target_that_fails_to_compile_exits_3(target_dir):
-    proc = inspect("unsafe_target:does_not_compile", "--max-context-len", "10", "--out", "dump", cwd=target_dir)
-    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
-    assert "compiling the target failed" in proc.stderr and "page_size" in proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 def test_list_examples(capsys):
@@ -167,6 +144,31 @@ def run_main(*argv) -> int:
     from compile_pass.tools.inspect_cli import main
 
     return main(list(argv))
+
+
+@pytest.mark.inductor
+def test_unsafe_target_exits_1_naming_the_line(in_target_dir, capsys):
+    assert run_main("unsafe_target:target", "--max-context-len", "10", "--out", "dump") == 1
+    out = capsys.readouterr().out
+    assert "unsafe_target.py:4" in out and "kept" in out
+    assert "host syncs in Inductor code" in out
+    assert "legend:" in out and "compiled: target unsafe_target:target" in out
+    assert "H200" not in out  # the GPU pitch is for the built-in example only
+
+
+@pytest.mark.inductor
+def test_strict_exits_1(in_target_dir, capsys):
+    assert run_main("unsafe_target:target", "--max-context-len", "10", "--strict", "--out", "dump") == 1
+    err = capsys.readouterr().err
+    assert "strict" in err and "unsafe_target.py:4" in err
+    assert "Traceback" not in err
+
+
+def test_a_target_that_fails_to_compile_exits_3(in_target_dir, capsys):
+    assert run_main("unsafe_target:does_not_compile", "--max-context-len", "10", "--out", "dump") == 3
+    err = capsys.readouterr().err
+    assert "compiling the target failed" in err and "page_size" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("args,message", BAD_USAGE)
