@@ -36,13 +36,12 @@ def test_kernels_run_under_the_interpreter():
                     f"{numpy.__version__} rejects (numpy < 2.4 works; the kernels themselves run on the GPU)")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     files = [str(HERE / f) for f in ("test_page_table.py", "test_paged_decode.py", "test_triton_interpreter.py")]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-x", *files],
+    # Not -q: the header's "collected N items" is what the counts below add up to (one run, no second collection).
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "-x", *files],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # Every kernel test ran under the interpreter, but for bfloat16 (numpy has none): the counts add up.
-    listed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                             *files], env=env, capture_output=True, text=True, timeout=600)
-    collected = int(re.search(r"(\d+) tests? collected", listed.stdout).group(1))
+    collected = int(re.search(r"collected (\d+) items?", proc.stdout).group(1))
     passed = int(re.search(r"(\d+) passed", proc.stdout).group(1))
     skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("bfloat16" in line for line in skips), skips

@@ -35,8 +35,14 @@ PS = 64
 MCL = 512  # max_context_len: the static table is ceil(512 / 64) = 8 pages wide
 REQS = 6
 NUM_PAGES = REQS * MCL // PS
-needs_interpreter = pytest.mark.skipif(not interpreting(), reason="runs in a subprocess with TRITON_INTERPRET=1 "
-                                                                  "(test_this_file_under_the_interpreter)")
+_NOT_INTERPRETING = pytest.mark.skipif(not interpreting(), reason="runs in a subprocess with TRITON_INTERPRET=1 "
+                                                                   "(test_this_file_under_the_interpreter)")
+
+
+def needs_interpreter(test):
+    """Only under TRITON_INTERPRET=1, where the user Triton kernel runs on the CPU. The marker `interpreter` is what
+    test_this_file_under_the_interpreter's subprocess selects: the file's other tests already ran in this process."""
+    return pytest.mark.interpreter(_NOT_INTERPRETING(test))
 
 
 def _version(text: str) -> tuple:
@@ -52,7 +58,8 @@ def test_this_file_under_the_interpreter():
         pytest.skip(f"triton {triton.__version__}'s interpreter rejects numpy {numpy.__version__}")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
-                           str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600, cwd=TESTS)
+                           "-m", "interpreter", str(Path(__file__))], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=TESTS)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert int(re.search(r"(\d+) passed", proc.stdout).group(1)) >= 10, proc.stdout[-2000:]
 
