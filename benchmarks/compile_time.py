@@ -310,6 +310,7 @@ def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, fl
             k["s"] += c["s"]
             k["cache_hits"] += c["cache_hit"] is True
     timed = [(n, s) for n, s in worker_infos if s is not None]
+    project = [c for c in parent_compiles if kernel_kind(c["name"]) == "project"]
     return dict(
         inductor_kernels=len(worker_infos),
         inductor_kernel_compile_s_sum=sum(s for _, s in timed) if timed else None,
@@ -317,10 +318,9 @@ def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, fl
         slowest_inductor_kernels=[dict(name=n[:90], s=s) for n, s in sorted(timed, key=lambda x: -x[1])[:8]],
         compiles_in_this_process=dict(by_kind),
         project_and_other_kernels=per_kernel,
-        project_kernels_jit_s=sum(c["s"] for c in parent_compiles if kernel_kind(c["name"]) == "project"),
+        project_kernels_jit_s=sum(c["s"] for c in project),
         # of which in the calling thread, i.e. not in compile_pass.kernel_warmup's thread beside Inductor's compile
-        project_kernels_jit_in_call_s=sum(c["s"] for c in parent_compiles if kernel_kind(c["name"]) == "project"
-                                          and c.get("thread", "MainThread") == "MainThread"),
+        project_kernels_jit_in_call_s=sum(c["s"] for c in project if c.get("thread", "MainThread") == "MainThread"),
     )
 
 

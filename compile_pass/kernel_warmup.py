@@ -59,9 +59,8 @@ class TensorSpec(NamedTuple):
 
     def fake(self) -> torch.Tensor:
         """A tensor of this layout in the active fake mode (no memory is allocated)."""
-        extent = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0)
-        if any(n == 0 for n in self.shape):
-            extent = 0
+        empty = any(n == 0 for n in self.shape)
+        extent = 0 if empty else 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
         base = torch.empty(self.storage_offset + extent, dtype=self.dtype, device=self.device)
         return base.as_strided(self.shape, self.stride, self.storage_offset)
 
@@ -77,12 +76,17 @@ class KernelCall(NamedTuple):
         return {a.device for a in (*self.args, *(v for _, v in self.kwargs)) if isinstance(a, TensorSpec)}
 
 
+def _value(node: torch.fx.Node, values: dict):
+    """A node's value here: the operand's at this region call for a body input (`values`), else its example value."""
+    return values[node] if node in values else _compat.example_value(node)
+
+
 def _spec_of(value: Any, values: dict) -> tuple[bool, Any]:
     """(known, spec) of a node's argument: a TensorSpec for a tensor, the value for a constant; known is False for
     what a launch could depend on but is not a constant here (a symbolic int, a list holding one). `values`: the
     values of a region body's placeholders at this call (their own example values are the body's first trace)."""
     if isinstance(value, torch.fx.Node):
-        value = values[value] if value in values else _compat.example_value(value)
+        value = _value(value, values)
         if isinstance(value, torch.Tensor):
             spec = TensorSpec.of(value)
             return spec is not None, spec
@@ -118,8 +122,7 @@ def _collect(graph: torch.fx.Graph, values: dict, implementations, calls: dict, 
         if region is not None:
             body, operands = region
             inputs = [n for n in body.graph.nodes if n.op == "placeholder"]
-            inner = {p: (values[o] if o in values else _compat.example_value(o)) if isinstance(o, torch.fx.Node)
-                     else o for p, o in zip(inputs, operands)}
+            inner = {p: _value(o, values) if isinstance(o, torch.fx.Node) else o for p, o in zip(inputs, operands)}
             key = (id(body), repr([_spec_of(o, values) for o in operands]))
             if key not in seen:  # 32 calls of one layer body with the same operands: walked once
                 seen.add(key)

@@ -110,6 +110,16 @@ def _assert_warm_equals_run(launches, op: str, *args):
     assert warms == runs
 
 
+def test_each_warmable_name_is_the_schema_name_of_its_op():
+    """The backend finds a call by its op's schema name: a name given to @warmable that is not the op's own would
+    silently leave that op's kernels to their first launch."""
+    assert set(IMPLEMENTATIONS) == {"syncfree::page_table", "syncfree::page_table_", "syncfree::paged_decode",
+                                    "syncfree::kv_indices"}
+    for name in IMPLEMENTATIONS:
+        op = getattr(torch.ops.syncfree, name.split("::")[1]).default
+        assert op._schema.name == name
+
+
 # -- each op: its warm-up launches are its real launches ----------------------------------------------------------
 def _view(values: torch.Tensor, layout: str) -> torch.Tensor:
     """`values` as a contiguous tensor, a column of a [B, 3] matrix (offset 1) or every other element (offset 1)."""
