@@ -58,8 +58,10 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          per layer, each lowered again (the regional default before 2026-12-02, the whole-model
                          default before its eighth session; `per-layer-kv` is now the same as no knob)
   no-kernel-warmup       SYNCFREE_PREWARM_KERNELS=0: this package's kernels compile at their first launch, in the
-                         first call, instead of in the backend's background thread while Inductor compiles
-                         (compile_pass.kernel_warmup)
+                         first call, instead of in the backend's helper process while Inductor compiles
+                         (compile_pass.kernel_warmup, kernels/compile_ahead.py)
+  kernel-warmup-thread   SYNCFREE_PREWARM_KERNELS=thread: they compile in a thread of this process beside
+                         Inductor's compile (the ninth session's way), not in the helper process
   outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
                          one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
@@ -136,6 +138,7 @@ KNOBS = {
     "stacked-kv": dict(stacked_kv=True),
     "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
     "no-kernel-warmup": dict(env={"SYNCFREE_PREWARM_KERNELS": "0"}),
+    "kernel-warmup-thread": dict(env={"SYNCFREE_PREWARM_KERNELS": "thread"}),
     "outline-repeats": dict(options={"outline_repeats": True}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
@@ -319,7 +322,8 @@ def triton_summary(parent_compiles: list[dict], worker_infos: list[tuple[str, fl
         compiles_in_this_process=dict(by_kind),
         project_and_other_kernels=per_kernel,
         project_kernels_jit_s=sum(c["s"] for c in project),
-        # of which in the calling thread, i.e. not in compile_pass.kernel_warmup's thread beside Inductor's compile
+        # of which in the calling thread, i.e. not in compile_pass.kernel_warmup's thread (a load of the helper
+        # process's compile, or with =thread the compile itself) beside Inductor's compile
         project_kernels_jit_in_call_s=sum(c["s"] for c in project if c.get("thread", "MainThread") == "MainThread"),
     )
 

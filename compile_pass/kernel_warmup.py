@@ -3,23 +3,25 @@
 The first call of a compiled step runs the step once before CUDA graphs record it, and that run is where this
 package's own kernels (the page table, paged decode's split and combine kernels) would be compiled by Triton, one
 after another, with the process waiting: 1.1-1.6 s of the regional 8B step's cold first call on the H200
-(BENCHMARKS.md, ninth session). The backend instead starts their compiles in a background thread as soon as the
-pass has rewritten the graph, from the fake values the graph's nodes carry, so they run while AOTAutograd and
-Inductor compile the graph; the first launch of each kernel then finds it in Triton's cache.
+(BENCHMARKS.md, ninth session). Instead, as soon as the pass has rewritten the graph, the backend records the
+compiles those launches will ask for, from the fake values the graph's nodes carry, and has them done while
+AOTAutograd and Inductor compile the graph; the first launch of each kernel then finds it in Triton's cache.
 
-Why only part of that time is won: Triton's compiler holds the GIL for much of its work, so in a thread it competes
-with AOTAutograd's and Inductor's Python work (on the H200 the same compile takes 2.4-3.7 s in the thread, and the
-backend is 0.4-0.8 s slower while it runs; the first call's time outside the compile falls from 2.7 to 1.35 s).
-A helper process would not compete; it would need Triton's cache key to come out equal in both processes.
+Where they compile (SYNCFREE_PREWARM_KERNELS): by default in a helper process (kernels/compile_ahead.py), which
+the backend starts at its entry so that its start overlaps the pass. A thread of this process (=thread) was the
+first way: Triton's compiler holds the GIL for much of its work, so there the same compiles took 2.4-3.7 s
+against 1.1-1.6 s alone and slowed the backend by 0.4-0.8 s (ninth session). =0 turns warm-ups off.
 
     graph (after the pass):  %pt = syncfree.page_table(%req_to_token, %rpi, %lens, 1, 4096)
                              %o  = syncfree.paged_decode(%q, %k, %v, %pt, %lens, ...)   (in every layer's body)
-    warm-up thread:          page_table_kernel, paged_decode_split_kernel, paged_decode_combine_kernel compiled
-                             once each, for the shapes, strides and dtypes of those calls
+    record (here, ms):       page_table_kernel, paged_decode_split_kernel, paged_decode_combine_kernel: one compile
+                             request each, for the shapes, strides and dtypes of those calls
+    helper process:          triton.compile of each request into Triton's on-disk cache
+    warm-up thread:          waits for the helper, then loads each kernel into its in-memory JIT cache
 
 Nothing here changes the graph or the report; a warm-up that fails is logged at debug level and the kernel compiles
-at its first launch, as without it. The compile of the same kernel is never run twice at once: a real launch waits
-for the warm-up thread first (kernels/_triton.py). SYNCFREE_PREWARM_KERNELS=0 turns it off.
+at its first launch, as without it. A real launch waits for the warm-up thread first (kernels/_triton.py), so a
+kernel is never compiled twice at once.
 """
 
 from __future__ import annotations
@@ -145,24 +147,35 @@ def _materialize(value: Any) -> Any:
     return value
 
 
-def compile_calls(calls: list[KernelCall]) -> int:
-    """Compile the kernels of `calls` now, in this thread: each op's implementation runs on fake tensors of the
-    calls' layouts with its launches turned into compiles (kernels/warmup.py). The number of calls that ran
-    through; a call that raises is logged and skipped."""
+def record_calls(calls: list[KernelCall]) -> tuple[int, list]:
+    """Run each call's op implementation on fake tensors of the calls' layouts with its launches turned into
+    Triton warm-ups (kernels/warmup.py), and keep the compiles those ask Triton for instead of doing them
+    (kernels/compile_ahead.recording). (calls that ran through, [CompileJob]); a call that raises is logged and
+    skipped. Milliseconds: nothing compiles here."""
+    from .kernels.compile_ahead import recording
     from .kernels.warmup import compile_launches
 
     done = 0
-    for call in calls:
-        devices = call.devices()
-        device = next(iter(devices)) if len(devices) == 1 else None
-        try:
-            with _compat.fresh_fake_mode(), _device_context(device):
-                args = _materialize(call.args)
-                kwargs = {k: _materialize(v) for k, v in call.kwargs}
-                done += compile_launches(call.op, args, kwargs)
-        except Exception as e:  # noqa: BLE001 - the kernel then compiles at its first launch, as without this
-            log.debug("syncfree: kernel warm-up of %s failed: %s: %s", call.op, type(e).__name__, e)
-    return done
+    with recording() as jobs:
+        for call in calls:
+            devices = call.devices()
+            device = next(iter(devices)) if len(devices) == 1 else None
+            try:
+                with _compat.fresh_fake_mode(), _device_context(device):
+                    args = _materialize(call.args)
+                    kwargs = {k: _materialize(v) for k, v in call.kwargs}
+                    done += compile_launches(call.op, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - the kernel then compiles at its first launch, as without this
+                log.debug("syncfree: kernel warm-up of %s failed: %s: %s", call.op, type(e).__name__, e)
+    return done, list(jobs)
+
+
+def _compile_and_load(jobs: list, use_helper: bool) -> None:
+    from .kernels.compile_ahead import compile_and_load
+
+    outcome = compile_and_load(jobs, use_helper)
+    log.debug("syncfree: kernels compiled ahead: %d job(s), %d by the helper process, %d loaded; not: %s",
+              len(jobs), outcome.helper_compiled, outcome.loaded, outcome.errors or "none")
 
 
 def _device_context(device: torch.device | None):
@@ -171,30 +184,54 @@ def _device_context(device: torch.device | None):
     return contextlib.nullcontext()
 
 
-def enabled() -> bool:
-    """Warm-ups run on a CUDA machine, with Triton compiling (not interpreting), unless SYNCFREE_PREWARM_KERNELS=0."""
+def mode() -> str | None:
+    """Where kernels compile ahead: "process" (a helper process, the default), "thread" (SYNCFREE_PREWARM_KERNELS=
+    thread: a thread of this process, which competes with Inductor for the GIL) or None (=0, or not on a CUDA
+    machine with Triton compiling rather than interpreting)."""
     from .kernels._triton import interpreting, triton_importable
 
-    return (os.environ.get("SYNCFREE_PREWARM_KERNELS", "1") != "0" and torch.cuda.is_available()
-            and triton_importable() and not interpreting())
+    setting = os.environ.get("SYNCFREE_PREWARM_KERNELS", "1").strip().lower()
+    if setting == "0" or not (torch.cuda.is_available() and triton_importable() and not interpreting()):
+        return None
+    return "thread" if setting == "thread" else "process"
+
+
+def enabled() -> bool:
+    return mode() is not None
+
+
+def prepare() -> None:
+    """Start the helper process now (the backend's entry), so that its start overlaps the pass. Never raises."""
+    try:
+        if mode() == "process":
+            from .kernels.compile_ahead import helper
+
+            helper.start()
+    except Exception as e:  # noqa: BLE001 - the kernels then compile in a thread, or at their first launch
+        log.debug("syncfree: compile helper not started: %s: %s", type(e).__name__, e)
 
 
 def start(gm: torch.fx.GraphModule) -> threading.Thread | None:
-    """Start compiling, in a background thread, the kernels of this package that `gm` launches on a CUDA device;
-    the thread, or None when there is nothing to compile or warm-ups are off. Never raises."""
+    """Compile ahead the kernels of this package that `gm` launches on a CUDA device: their compiles are recorded
+    here (milliseconds), then a background thread has the helper process compile them and loads them into
+    Triton's in-memory caches, which a launch waits for. The thread, or None when there is nothing to compile or
+    warm-ups are off. Never raises."""
     try:
-        if not enabled():
+        where = mode()
+        if where is None:
             return None
         from .kernels._triton import add_warmup
         from .kernels.warmup import IMPLEMENTATIONS
 
         calls = [c for c in kernel_calls(gm, IMPLEMENTATIONS) if any(d.type == "cuda" for d in c.devices())]
-        if not calls:
+        _, jobs = record_calls(calls)
+        if not jobs:
             return None
-        thread = threading.Thread(target=compile_calls, args=(calls,), name=THREAD_NAME, daemon=True)
+        thread = threading.Thread(target=_compile_and_load, args=(jobs, where == "process"), name=THREAD_NAME,
+                                  daemon=True)
         thread.start()
         add_warmup(thread)  # after start: a launch joins it, and a thread not started cannot be joined
-        log.debug("syncfree: compiling %d kernel call(s) ahead in %s", len(calls), THREAD_NAME)
+        log.debug("syncfree: compiling %d kernel(s) ahead (%s)", len(jobs), where)
         return thread
     except Exception as e:  # noqa: BLE001 - never fail a compile over a warm-up
         log.debug("syncfree: kernel warm-up not started: %s: %s", type(e).__name__, e)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compile_pass import _compat, kernel_warmup
-from compile_pass.kernel_warmup import KernelCall, TensorSpec, compile_calls, kernel_calls
+from compile_pass.kernel_warmup import KernelCall, TensorSpec, kernel_calls, record_calls
 from compile_pass.kernels import _triton
 from compile_pass.kernels import kv_indices as kv_indices_module
 from compile_pass.kernels import page_table as page_table_module
@@ -104,7 +104,7 @@ def _call(op: str, *args) -> KernelCall:
 
 def _assert_warm_equals_run(launches, op: str, *args):
     IMPLEMENTATIONS[op](*args)
-    assert compile_calls([_call(op, *args)]) == 1
+    assert record_calls([_call(op, *args)])[0] == 1
     runs, warms = _split(launches)
     assert runs, f"{op} launched nothing: the case does not test a launch"
     assert warms == runs
@@ -229,7 +229,7 @@ def test_a_traced_graph_warms_up_the_launches_of_its_first_run(launches):
     _, backend, compiled = run(_regional_step, *args, max_context_len=64)
     (gm,) = backend.graphs
     launches.clear()
-    assert compile_calls(kernel_calls(gm, IMPLEMENTATIONS)) == 2
+    assert record_calls(kernel_calls(gm, IMPLEMENTATIONS))[0] == 2
     _, warms = _split(launches)
     launches.clear()
     with _compat.capture_scalar_outputs():
@@ -296,7 +296,7 @@ def test_a_failing_warm_up_is_skipped_and_the_rest_still_compile(launches):
     table, lens = torch.zeros(3, 4, dtype=torch.int32), torch.ones(3, dtype=torch.int32)
     bad = _call("syncfree::paged_decode", q, k[..., :8], v, table, lens, None, None)  # head dims differ: raises
     good = _call("syncfree::paged_decode", q, k, v, table, lens, None, None)
-    assert compile_calls([bad, good]) == 1
+    assert record_calls([bad, good])[0] == 1
     runs, warms = _split(launches)
     assert runs == [] and len(warms) >= 1
 
@@ -312,16 +312,22 @@ def test_warm_ups_are_off_without_cuda_and_when_turned_off(monkeypatch):
 
 
 def test_a_cuda_graph_starts_one_named_thread(monkeypatch, launches):
-    """On a CUDA machine the backend's call starts a daemon thread named for the warm-up, which a launch joins."""
+    """On a CUDA machine the backend's call records the graph's compiles in the calling thread and hands them to a
+    daemon thread named for the warm-up (helper process by default, this process with =thread), which a launch
+    joins."""
     gm = _traced_graph(_regional_step, _regional_inputs(), max_context_len=64)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cuda = torch.device("cuda", 0)
     found = [c._replace(args=tuple(a._replace(device=cuda) if isinstance(a, TensorSpec) else a for a in c.args))
              for c in kernel_calls(gm, IMPLEMENTATIONS)]
     monkeypatch.setattr(kernel_warmup, "kernel_calls", lambda gm, implementations: found)
-    ran = []
-    monkeypatch.setattr(kernel_warmup, "compile_calls", lambda calls: ran.append(calls))
-    thread = kernel_warmup.start(gm)
-    assert thread is not None and thread.name == kernel_warmup.THREAD_NAME and thread.daemon
-    _triton.wait_for_warmups()
-    assert ran == [found]
+    recorded, ran = [], []
+    jobs = ["job-1", "job-2"]
+    monkeypatch.setattr(kernel_warmup, "record_calls", lambda calls: (recorded.append(calls), (len(calls), jobs))[1])
+    monkeypatch.setattr(kernel_warmup, "_compile_and_load", lambda jobs, use_helper: ran.append((jobs, use_helper)))
+    for setting, use_helper in (("1", True), ("thread", False)):
+        monkeypatch.setenv("SYNCFREE_PREWARM_KERNELS", setting)
+        thread = kernel_warmup.start(gm)
+        assert thread is not None and thread.name == kernel_warmup.THREAD_NAME and thread.daemon
+        _triton.wait_for_warmups()
+        assert recorded[-1] == found and ran[-1] == (jobs, use_helper)
