@@ -10,7 +10,8 @@ compile (Inductor's Python work) going on in the process that started it.
                                   env_vars               Triton's cache-invalidating environment at the request
                                   target                 (backend, arch, warp_size)
                                   environ, cache_dir     the parent's environment and Triton cache directory
-    helper -> parent (stdout):  a pickled list, one (ok, error, seconds) per job, in order
+    helper -> parent (stdout):  its length (8 bytes, little-endian), then a pickled list, one (ok, error, seconds)
+                                per job, in order
 
 Each job is `triton.compile` of that source, options and environment for that target, into the on-disk cache the
 parent then reads. The helper serves batches until its input closes or it has waited IDLE_SECONDS for one.
@@ -128,7 +129,8 @@ def main() -> None:
             batch = pickle.load(requests)
         except EOFError:
             return
-        pickle.dump([compile_job(job) for job in batch], answers)
+        answer = pickle.dumps([compile_job(job) for job in batch])
+        answers.write(len(answer).to_bytes(8, "little") + answer)  # length first: the parent reads with a deadline
         answers.flush()
 
 

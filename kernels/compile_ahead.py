@@ -108,6 +108,35 @@ _HELPER_MAIN = ("import importlib.util, sys; sys.path[:] = sys.argv[2:]; "
                 "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.main()")
 
 
+# How long the helper may take to answer a batch before it is killed and this process compiles the jobs itself
+# (a helper that cannot run, e.g. where sys.executable is not a Python, must not hang the first launch).
+ANSWER_SECONDS = 60.0
+JOB_SECONDS = 30.0
+
+
+def _read(stream, timeout: float) -> bytes:
+    """One answer of the helper: its 8-byte length, then that many bytes, within `timeout` seconds (waiting in
+    select and os.read, without the GIL)."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    fd = stream.fileno()
+    data = bytearray()
+    size = None
+    while size is None or len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError(f"the compile helper did not answer within {timeout:.0f} s")
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            raise EOFError("the compile helper exited without answering")
+        data += chunk
+        if size is None and len(data) >= 8:
+            size, data = int.from_bytes(data[:8], "little"), data[8:]
+    return bytes(data)
+
+
 class CompileHelper:
     """The helper process: started once, ahead of its first batch (its Python and Triton imports then overlap the
     pass), and again when it has exited (idle for _compile_helper.IDLE_SECONDS)."""
@@ -115,12 +144,15 @@ class CompileHelper:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
+        self._owner = os.getpid()
 
     def start(self) -> None:
         with self._lock:
             self._ensure()
 
     def _ensure(self) -> subprocess.Popen:
+        if self._owner != os.getpid():  # a fork of the process that started it: its pipes are the parent's
+            self._process, self._owner = None, os.getpid()
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", _HELPER_MAIN, _compile_helper.__file__, *sys.path],
@@ -135,7 +167,7 @@ class CompileHelper:
             try:
                 pickle.dump(batch, process.stdin)
                 process.stdin.flush()
-                answers = pickle.load(process.stdout)  # blocks without the GIL while the helper compiles
+                answers = pickle.loads(_read(process.stdout, ANSWER_SECONDS + JOB_SECONDS * len(jobs)))
             except BaseException:
                 process.kill()
                 raise
@@ -145,7 +177,7 @@ class CompileHelper:
 
     def stop(self) -> None:
         with self._lock:
-            if self._process is not None and self._process.poll() is None:
+            if self._process is not None and self._owner == os.getpid() and self._process.poll() is None:
                 self._process.stdin.close()
                 self._process.wait(timeout=30)
             self._process = None

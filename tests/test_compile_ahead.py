@@ -110,6 +110,23 @@ def test_a_job_the_helper_cannot_do_is_reported_and_the_rest_go_on(h200):
     assert "JSONDecodeError" in outcome.errors[0][2]
 
 
+def test_a_helper_that_does_not_answer_is_killed_and_the_job_compiles_here(h200, monkeypatch):
+    """Where the helper cannot work (here: a process that never answers), the first launch must not hang: past the
+    deadline the helper is killed and the job compiles in this process."""
+    with compile_ahead.recording() as jobs:
+        _warm_up_page_table(4, 16, 128)
+    monkeypatch.setattr(compile_ahead, "_HELPER_MAIN", "import time; time.sleep(600)")
+    monkeypatch.setattr(compile_ahead, "ANSWER_SECONDS", 1.0)
+    monkeypatch.setattr(compile_ahead, "JOB_SECONDS", 0.0)
+    helper = compile_ahead.CompileHelper()
+    monkeypatch.setattr(compile_ahead, "helper", helper)
+    outcome = compile_ahead.compile_and_load(jobs)
+    assert outcome.helper_compiled == 0 and outcome.loaded == 1
+    assert [(where, error.split(":")[0]) for _, where, error in outcome.errors] == [("helper", "TimeoutError")]
+    assert h200 == [("page_table_kernel", False)]  # compiled here
+    assert helper._process.wait(timeout=30) is not None  # killed
+
+
 def test_the_helper_imports_no_torch(tmp_path):
     """The helper loads a kernel file by its path, without its package: this one fails to load if torch was
     imported (the job's specialization is not valid either, so the error says which came first)."""
@@ -126,7 +143,7 @@ def test_the_helper_imports_no_torch(tmp_path):
 
         pickle.dump([job], helper._process.stdin)
         helper._process.stdin.flush()
-        ((ok, error, _),) = pickle.load(helper._process.stdout)
+        ((ok, error, _),) = pickle.loads(compile_ahead._read(helper._process.stdout, 60))
         assert not ok and error.startswith("KeyError"), error  # decode's, after the file loaded without torch
     finally:
         helper.stop()
@@ -146,6 +163,25 @@ def test_the_helper_exits_when_its_input_closes_and_is_started_again():
     helper.start()  # a helper that died is replaced
     assert helper._process.poll() is None
     helper.stop()
+
+
+def test_a_forked_process_starts_its_own_helper(monkeypatch):
+    """A fork (a data-loader worker, an engine's process pool) inherits the handle of its parent's helper: writing
+    to it would interleave with the parent's batches, so the fork starts a helper of its own."""
+    import os
+
+    helper = compile_ahead.CompileHelper()
+    helper.start()
+    parents = helper._process
+    try:
+        monkeypatch.setattr(os, "getpid", lambda: helper._owner + 1)  # as in the child after a fork
+        helper.start()
+        assert helper._process is not parents and parents.poll() is None  # the parent's helper is left alone
+        helper.stop()
+    finally:
+        monkeypatch.undo()
+        parents.stdin.close()
+        parents.wait(timeout=30)
 
 
 def test_recording_keeps_only_this_threads_compiles_and_restores_the_hook(monkeypatch):
