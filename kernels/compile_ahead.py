@@ -147,8 +147,12 @@ class CompileHelper:
         self._owner = os.getpid()
 
     def start(self) -> None:
-        with self._lock:
-            self._ensure()
+        """Start the helper unless it is running; never waits (a batch in flight holds the lock: the helper is up)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._ensure()
+            finally:
+                self._lock.release()
 
     def _ensure(self) -> subprocess.Popen:
         if self._owner != os.getpid():  # a fork of the process that started it: its pipes are the parent's

@@ -165,6 +165,19 @@ def test_the_helper_exits_when_its_input_closes_and_is_started_again():
     helper.stop()
 
 
+def test_starting_the_helper_does_not_wait_for_a_batch_in_flight():
+    """The backend starts the helper at each compile's entry; while an earlier graph's batch is being compiled
+    (the lock held by its warm-up thread) that must return at once, not after the batch."""
+    helper = compile_ahead.CompileHelper()
+    with helper._lock:  # as during a batch
+        done = threading.Event()
+        caller = threading.Thread(target=lambda: (helper.start(), done.set()))
+        caller.start()
+        assert done.wait(timeout=30)
+        assert helper._process is None  # left to the batch's own start
+    caller.join()
+
+
 def test_a_forked_process_starts_its_own_helper(monkeypatch):
     """A fork (a data-loader worker, an engine's process pool) inherits the handle of its parent's helper: writing
     to it would interleave with the parent's batches, so the fork starts a helper of its own."""
