@@ -16,7 +16,8 @@ compile (Inductor's Python work) going on in the process that started it.
 Each job is `triton.compile` of that source, options and environment for that target, into the on-disk cache the
 parent then reads. The helper serves batches until its input closes or it has waited IDLE_SECONDS for one.
 `decode` is also what the parent uses to rebuild the same source: one reading of the specialization, so the
-two processes compute the same cache key.
+two processes compute the same cache key, and the same key as Triton's JIT computes for that launch (a later
+process with warm-ups off, or a precompiled step, finds these compiles too).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ IDLE_SECONDS = 120.0
 
 
 def _tuples(value):
-    """JSON's lists back into the tuples Triton wrote (attribute lists, tuple constexprs, option tuples)."""
+    """JSON's lists back into the tuples Triton wrote (tuple constexprs and signatures, option tuples)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
@@ -54,7 +55,10 @@ def decode(specialization: str) -> tuple[dict, dict, dict, dict]:
 
     signature = {name: _tuples(kind) for name, kind in data["signature"].items()}
     constexprs = {tuple(k): constant(v) for k, v in zip(data["constant_keys"], data["constant_vals"])}
-    attrs = {tuple(k): _tuples(v) for k, v in zip(data["attrs_keys"], data["attrs_vals"])}
+    # The attribute values stay the lists JSON gives: Triton's parse_attr builds lists and its source hash is
+    # of str(attrs), so tuples here would name another cache entry than the JIT's own (Triton's preload reads
+    # them the same way).
+    attrs = {tuple(k): v for k, v in zip(data["attrs_keys"], data["attrs_vals"])}
     options = {name: _tuples(value) for name, value in data["options"].items()}
     return signature, constexprs, attrs, options
 

@@ -87,6 +87,20 @@ def test_a_recorded_compile_is_done_by_the_helper_and_found_here(h200):
     assert h200 == [("page_table_kernel", True)]
 
 
+def test_the_jits_own_lookup_in_a_later_process_finds_the_helpers_compile(h200):
+    """The helper's compile is stored under the key Triton's JIT computes for the same launch: a later process
+    that launches the kernel itself (warm-ups off, or a precompiled step loaded with no backend call) reads it
+    from disk instead of compiling it again. The in-memory cache dropped stands for the later process."""
+    with compile_ahead.recording() as jobs:
+        _warm_up_page_table(4, 16, 128)
+    assert compile_ahead.compile_and_load(jobs).helper_compiled == 1
+    assert h200 == [("page_table_kernel", True)]
+    page_table_kernel.device_caches.pop(0, None)
+    kernel = _warm_up_page_table(4, 16, 128)  # the JIT's own path: no hook, no decode
+    assert h200 == [("page_table_kernel", True), ("page_table_kernel", True)]
+    assert kernel.metadata.target.arch == 90
+
+
 def test_a_different_launch_is_a_different_job_and_a_miss_compiles_here(h200):
     """A launch the helper did not compile (another BLOCK) is not in the on-disk cache: loading it compiles it in
     this process, to the same result a first launch would get."""
@@ -229,5 +243,5 @@ def test_decode_reads_back_what_triton_wrote():
     signature, constexprs, attrs, options = _compile_helper.decode(written)
     assert signature == {"x": "*fp16", "n": "i32", "B": "constexpr"}
     assert constexprs == {(2,): 64, (3,): tl.float16}
-    assert attrs == {(0,): (("tt.divisibility", 16),)}
+    assert attrs == {(0,): [["tt.divisibility", 16]]}  # lists, as parse_attr builds them (str(attrs) is hashed)
     assert options == {"num_warps": 4, "extern_libs": (("libdevice", "/x.bc"),)}

@@ -318,16 +318,18 @@ print(json.dumps(dict(compiles=first_call, error=error)))
 '''
 
 
-def _first_call_compiles(tmp_path, prewarm: str) -> dict:
-    """The regional TinyLlama step's first compiled call in a fresh process with empty Triton and Inductor caches:
-    which thread compiled each of this package's kernels, and the output's distance from eager."""
+def _first_call_compiles(tmp_path, prewarm: str, triton_of: str | None = None) -> dict:
+    """The regional TinyLlama step's first compiled call in a fresh process with empty Triton and Inductor caches
+    (triton_of: the Triton cache an earlier run of that setting left): which thread compiled each of this
+    package's kernels, and the output's distance from eager."""
     import json
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{prewarm}"),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{prewarm}"), SYNCFREE_PREWARM_KERNELS=prewarm)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{triton_of or prewarm}"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{prewarm}-{triton_of}"),
+               SYNCFREE_PREWARM_KERNELS=prewarm)
     # cwd: a folder without the checkout's compile_pass/ source, which would shadow the installed package
     proc = subprocess.run([sys.executable, "-c", _KERNEL_WARMUP_PROBE], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
@@ -339,7 +341,9 @@ def test_first_call_finds_this_packages_kernels_compiled_by_the_warm_up(tmp_path
     """compile_pass.kernel_warmup on the H200, each way in a fresh process with empty caches: by default each of this
     package's kernels that the first call launches was compiled by the helper process, and this process only read
     it from Triton's on-disk cache, once, in the warm-up thread; with =thread that thread compiles it; with =0 the
-    calling thread does, at the launch. Eager-equal every way."""
+    calling thread does, at the launch. A later process with warm-ups off, on the Triton cache the helper filled,
+    reads every kernel from it: the helper's compiles are under the keys Triton's JIT computes. Eager-equal every
+    way."""
     import triton
 
     from compile_pass.kernel_warmup import THREAD_NAME
@@ -347,6 +351,7 @@ def test_first_call_finds_this_packages_kernels_compiled_by_the_warm_up(tmp_path
     if not hasattr(getattr(triton, "knobs", None), "compilation"):
         pytest.skip("triton.knobs.compilation (the compile listener) is not in this Triton")
     runs = {prewarm: _first_call_compiles(tmp_path, prewarm) for prewarm in ("1", "thread", "0")}
+    runs["0 on 1's cache"] = _first_call_compiles(tmp_path, "0", triton_of="1")
     for run in runs.values():
         assert run["error"] < 2e-4, run
     kernels = sorted(name for name, _, _ in runs["1"]["compiles"])
@@ -357,3 +362,5 @@ def test_first_call_finds_this_packages_kernels_compiled_by_the_warm_up(tmp_path
     assert {(thread, hit) for _, thread, hit in runs["thread"]["compiles"]} == {(THREAD_NAME, False)}, runs
     assert sorted(name for name, _, _ in runs["0"]["compiles"]) == kernels, runs
     assert {(thread, hit) for _, thread, hit in runs["0"]["compiles"]} == {("MainThread", False)}, runs
+    assert sorted(name for name, _, _ in runs["0 on 1's cache"]["compiles"]) == kernels, runs
+    assert {(thread, hit) for _, thread, hit in runs["0 on 1's cache"]["compiles"]} == {("MainThread", True)}, runs
