@@ -4,7 +4,7 @@ cache artifacts (issues 22 and 29).
     python benchmarks/compile_time.py [--variants syncfree-regional syncfree-whole stock-regional stock-whole]
                                       [--knobs threads1 prewarm-pool ... | cfg:KEY=VALUE | env:NAME=VALUE
                                        | opt:KEY=VALUE]
-                                      [--knob-variant syncfree-regional ...] [--no-warm] [--no-shipped]
+                                      [--knob-variant syncfree-regional ...] [--repeat N] [--no-warm] [--no-shipped]
                                       [--no-precompiled] [--no-kept-triton]
                                       [--budget S] [--timeout S] [--smoke]
                                       [--layers 32] [--batch 1] [--context 4096] [--steps 128]
@@ -64,6 +64,9 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          Inductor's compile (the ninth session's way), not in the helper process
   outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
                          one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
+--repeat N: N cold runs of every variant, each in a fresh process on new empty caches, in rounds (every variant once,
+then again): the medians of the first calls per variant close the output and go to the JSON's `cold_medians`.
+Only the first round's runs save artifacts and get warm, shipped and precompiled reruns.
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
 its variant's cold run, else the longest cold run so far), and each run's timeout is cut to the time left; the
@@ -102,6 +105,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -226,19 +230,25 @@ def parse_knob(name: str) -> dict:
 
 
 def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shipped: bool = False,
-              kept_triton: bool = True) -> list[dict]:
-    """The runs in the order they are worth having: every variant cold, their warm reruns (same caches), their
+              kept_triton: bool = True, repeat: int = 1) -> list[dict]:
+    """The runs in the order they are worth having: every variant cold, `repeat - 1` more rounds of them (each
+    run in new empty caches of its own, `round` 2, 3, ...: one round of every variant after another, so that a
+    machine's drift reaches every variant alike), their warm reruns (same caches as the first round), their
     shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
     run's caches), their precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
     cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob of
     each knob variant (knob_variant: one name or a list), whose plain cold run is added first when it is not among
     the variants)."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     knob_variants = [knob_variant] if isinstance(knob_variant, str) else list(knob_variant)
     cold = list(variants)
     for v in reversed(knob_variants):
         if knobs and v not in cold:
             cold.insert(0, v)
     runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
+    runs += [dict(name=f"{v} cold #{i}", variant=v, knob="default", cache="cold", caches=f"{v}#{i}", round=i)
+             for i in range(2, repeat + 1) for v in cold]
     if warm:
         runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
     if shipped:
@@ -253,6 +263,26 @@ def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shippe
     runs += [dict(name=f"{v} cold {k}", variant=v, knob=k, cache="cold", caches=f"{v}+{k}")
              for v in knob_variants for k in knobs]
     return runs
+
+
+def cold_medians(results: list[dict]) -> dict:
+    """{variant: {runs, median_s, min_s, max_s, first_calls_s}} over the cold first calls of the default knob (every
+    round of --repeat); a run that failed is left out, and counted under `failed`."""
+    by_variant: dict[str, dict] = {}
+    for r in results:
+        run = r["run"]
+        if run["cache"] != "cold" or run["knob"] != "default":
+            continue
+        entry = by_variant.setdefault(run["variant"], dict(first_calls_s=[], failed=0))
+        if "error" in r or r.get("first_call_s") is None:
+            entry["failed"] += 1
+        else:
+            entry["first_calls_s"].append(r["first_call_s"])
+    for entry in by_variant.values():
+        calls = sorted(entry["first_calls_s"])
+        entry.update(runs=len(calls), median_s=statistics.median(calls) if calls else None,
+                     min_s=calls[0] if calls else None, max_s=calls[-1] if calls else None)
+    return by_variant
 
 
 def expected_wall(walls: dict, run: dict) -> float:
@@ -981,6 +1011,10 @@ def parse_args(argv=None):
                              "env:NAME=VALUE")
     parser.add_argument("--knob-variant", nargs="+", default=["syncfree-regional"], choices=list(VARIANTS),
                         help="the variants the knobs' cold runs are of (each knob for each)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="cold runs of each variant, each a fresh process on new empty caches, in rounds of "
+                             "every variant (the medians are printed at the end); only the first round's run saves "
+                             "artifacts and gets warm, shipped and precompiled reruns")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
                         help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
@@ -1012,6 +1046,8 @@ def parse_args(argv=None):
         return args
     if args.smoke:
         args.variants, args.knobs, args.device = SMOKE["variants"], SMOKE["knobs"], SMOKE["device"]
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     for knob in args.knobs:
         parse_knob(knob)  # fail now, naming it
     args.shape = args.shape or ("8b" if args.device == "cuda" else "tiny")
@@ -1036,7 +1072,7 @@ def main(argv=None):
     # cache directories are removed; the JSON already holds every finished run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = [r for r in plan_runs(args.variants, args.knobs, args.knob_variant, args.warm, args.shipped,
-                                 kept_triton=args.kept_triton)
+                                 kept_triton=args.kept_triton, repeat=args.repeat)
             if args.precompiled or not r["cache"].startswith("precompiled")]
     data = dict(args={k: v for k, v in vars(args).items() if k != "child"}, command=" ".join(sys.argv),
                 legend=dict(phases=PHASES, derived={k: v[0] for k, v in DERIVED.items()}, outside_compile=OUTSIDE[1]),
@@ -1066,7 +1102,7 @@ def main(argv=None):
             timeout = args.timeout if left is None else min(args.timeout, left)
             print(f"{run['name']} in a fresh process ...", flush=True)
             artifacts = None
-            if run["cache"] == "cold" and run["knob"] == "default" and args.shipped:
+            if run["cache"] == "cold" and run["knob"] == "default" and args.shipped and "round" not in run:
                 artifacts = dict(save_artifacts=os.path.join(root, ARTIFACTS))
                 if args.precompiled:
                     artifacts["save_precompiled"] = os.path.join(root, PRECOMPILED)
@@ -1105,6 +1141,12 @@ def main(argv=None):
                           + f" ({_f(project_jit_seconds(r, 'project_kernels_jit_in_call_s'), '{:.2f}')})",
                           _f(load_seconds(r), "{:.2f}"),
                           str(r["counts"]["fx_graph_cache"])]))
+    data["cold_medians"] = cold_medians(data["runs"])
+    if args.repeat > 1:
+        print("\nvariant | cold runs | median first call s | range s | failed")
+        for variant, m in data["cold_medians"].items():
+            print(f"{variant} | {m['runs']} | {_f(m['median_s'], '{:.2f}')} | {_f(m['min_s'])}-{_f(m['max_s'])} | "
+                  f"{m['failed']}")
     write(args.json, data)
 
 

@@ -97,3 +97,44 @@ def test_the_budget_expects_a_start_to_take_what_its_warm_run_took():
     assert compile_time.expected_wall(walls, run("syncfree-regional", "cold")) == 60.0
     assert compile_time.expected_wall(walls, run("stock-whole", "shipped")) == 45.0
     assert compile_time.expected_wall(walls, run("syncfree-whole", "cold")) == 60.0
+
+
+def test_repeated_cold_runs_come_in_rounds_each_on_caches_of_its_own_and_only_the_first_round_is_rerun():
+    import compile_time
+
+    runs = compile_time.plan_runs(["syncfree-regional", "stock-regional"], [], "syncfree-regional", warm=True,
+                                  shipped=True, kept_triton=False, repeat=3)
+    names = [r["name"] for r in runs]
+    assert names[:6] == ["syncfree-regional cold", "stock-regional cold", "syncfree-regional cold #2",
+                         "stock-regional cold #2", "syncfree-regional cold #3", "stock-regional cold #3"]
+    cold = [r for r in runs if r["cache"] == "cold"]
+    assert len({r["caches"] for r in cold}) == 6  # every cold run starts on empty caches of its own
+    assert [r.get("round") for r in cold] == [None, None, 2, 2, 3, 3]
+    # warm, shipped and precompiled reruns only of the first round's runs
+    for rerun in runs[6:]:
+        assert rerun["cache"] != "cold"
+        assert rerun.get("artifacts", rerun["caches"]).split("+")[0] in ("syncfree-regional", "stock-regional")
+        assert "#" not in rerun["caches"]
+    assert compile_time.plan_runs(["stock-whole"], [], "syncfree-regional", warm=False, repeat=1) == \
+        compile_time.plan_runs(["stock-whole"], [], "syncfree-regional", warm=False)
+    with pytest.raises(ValueError, match="repeat"):
+        compile_time.plan_runs(["stock-whole"], [], "syncfree-regional", warm=False, repeat=0)
+    with pytest.raises(SystemExit):
+        compile_time.parse_args(["--repeat", "0"])
+
+
+def test_cold_medians_take_every_round_of_the_default_knob_and_count_failures():
+    import compile_time
+
+    def result(variant, first_call, cache="cold", knob="default", **extra):
+        return dict(run=dict(variant=variant, cache=cache, knob=knob), first_call_s=first_call, **extra)
+
+    medians = compile_time.cold_medians([
+        result("syncfree-regional", 12.0), result("syncfree-regional", 10.0), result("syncfree-regional", 15.0),
+        result("syncfree-regional", 11.0), result("syncfree-regional", None, error="timed out after 200 s"),
+        result("syncfree-regional", 1.0, cache="warm"), result("syncfree-regional", 2.0, knob="no-checked"),
+        result("stock-regional", 22.5)])
+    regional = medians["syncfree-regional"]
+    assert regional["runs"] == 4 and regional["failed"] == 1
+    assert regional["median_s"] == 11.5 and (regional["min_s"], regional["max_s"]) == (10.0, 15.0)
+    assert medians["stock-regional"]["median_s"] == 22.5 and set(medians) == {"syncfree-regional", "stock-regional"}
