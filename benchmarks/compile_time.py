@@ -62,10 +62,13 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          (compile_pass.kernel_warmup, kernels/compile_ahead.py)
   kernel-warmup-thread   SYNCFREE_PREWARM_KERNELS=thread: they compile in a thread of this process beside
                          Inductor's compile (the ninth session's way), not in the helper process
+  no-driver-warmup       SYNCFREE_PREWARM_DRIVER=0: Triton's driver is set up by the backend's first warm-up (or the
+                         first launch) instead of in a thread that compile_pass.compile starts, beside Dynamo's trace
   outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
                          one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
---repeat N: N cold runs of every variant, each in a fresh process on new empty caches, in rounds (every variant once,
-then again): the medians of the first calls per variant close the output and go to the JSON's `cold_medians`.
+--repeat N: N cold runs of every variant and knob, each in a fresh process on new empty caches, in rounds (every
+variant and knob once, then again): the medians of the first calls per variant and knob close the output and go to
+the JSON's `cold_medians`.
 Only the first round's runs save artifacts and get warm, shipped and precompiled reruns.
 --smoke: the CPU smoke run (tiny model, 2 layers, the syncfree-regional and stock-whole variants, one knob).
 With --budget a run is not started when the time left is below what it is expected to take (the process wall of
@@ -143,6 +146,7 @@ KNOBS = {
     "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
     "no-kernel-warmup": dict(env={"SYNCFREE_PREWARM_KERNELS": "0"}),
     "kernel-warmup-thread": dict(env={"SYNCFREE_PREWARM_KERNELS": "thread"}),
+    "no-driver-warmup": dict(env={"SYNCFREE_PREWARM_DRIVER": "0"}),
     "outline-repeats": dict(options={"outline_repeats": True}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }
@@ -232,8 +236,8 @@ def parse_knob(name: str) -> dict:
 def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shipped: bool = False,
               kept_triton: bool = True, repeat: int = 1) -> list[dict]:
     """The runs in the order they are worth having: every variant cold, `repeat - 1` more rounds of them (each
-    run in new empty caches of its own, `round` 2, 3, ...: one round of every variant after another, so that a
-    machine's drift reaches every variant alike), their warm reruns (same caches as the first round), their
+    run in new empty caches of its own, `round` 2, 3, ...: one round of every variant and knob after another, so
+    that a machine's drift reaches every variant and knob alike), their warm reruns (same caches as the first round), their
     shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
     run's caches), their precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
     cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob of
@@ -246,9 +250,18 @@ def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shippe
     for v in reversed(knob_variants):
         if knobs and v not in cold:
             cold.insert(0, v)
+    def knob_runs(i: int) -> list[dict]:
+        suffix = "" if i == 1 else f" #{i}"
+        return [dict(name=f"{v} cold {k}{suffix}", variant=v, knob=k, cache="cold",
+                     caches=f"{v}+{k}" + ("" if i == 1 else f"#{i}"), **({} if i == 1 else {"round": i}))
+                for v in knob_variants for k in knobs]
+
     runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
-    runs += [dict(name=f"{v} cold #{i}", variant=v, knob="default", cache="cold", caches=f"{v}#{i}", round=i)
-             for i in range(2, repeat + 1) for v in cold]
+    if repeat > 1:  # the knobs' runs in every round, beside the plain ones
+        runs += knob_runs(1)
+        for i in range(2, repeat + 1):
+            runs += [dict(name=f"{v} cold #{i}", variant=v, knob="default", cache="cold", caches=f"{v}#{i}",
+                          round=i) for v in cold] + knob_runs(i)
     if warm:
         runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
     if shipped:
@@ -260,20 +273,21 @@ def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shippe
             runs += [dict(name=f"{v} precompiled kept-triton", variant=v, knob="default",
                           cache="precompiled-kept-triton", caches=f"{v}+precompiled-kept-triton", artifacts=v,
                           triton_from=v) for v in cold if VARIANTS[v][0] == "e"]
-    runs += [dict(name=f"{v} cold {k}", variant=v, knob=k, cache="cold", caches=f"{v}+{k}")
-             for v in knob_variants for k in knobs]
+    if repeat == 1:
+        runs += knob_runs(1)
     return runs
 
 
 def cold_medians(results: list[dict]) -> dict:
-    """{variant: {runs, median_s, min_s, max_s, first_calls_s}} over the cold first calls of the default knob (every
-    round of --repeat); a run that failed is left out, and counted under `failed`."""
+    """{"variant" or "variant knob": {runs, median_s, min_s, max_s, first_calls_s, failed}} over the cold first
+    calls (every round of --repeat); a run that failed is left out, and counted under `failed`."""
     by_variant: dict[str, dict] = {}
     for r in results:
         run = r["run"]
-        if run["cache"] != "cold" or run["knob"] != "default":
+        if run["cache"] != "cold":
             continue
-        entry = by_variant.setdefault(run["variant"], dict(first_calls_s=[], failed=0))
+        label = run["variant"] if run["knob"] == "default" else f"{run['variant']} {run['knob']}"
+        entry = by_variant.setdefault(label, dict(first_calls_s=[], failed=0))
         if "error" in r or r.get("first_call_s") is None:
             entry["failed"] += 1
         else:
@@ -1012,9 +1026,9 @@ def parse_args(argv=None):
     parser.add_argument("--knob-variant", nargs="+", default=["syncfree-regional"], choices=list(VARIANTS),
                         help="the variants the knobs' cold runs are of (each knob for each)")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="cold runs of each variant, each a fresh process on new empty caches, in rounds of "
-                             "every variant (the medians are printed at the end); only the first round's run saves "
-                             "artifacts and gets warm, shipped and precompiled reruns")
+                        help="cold runs of each variant and knob, each a fresh process on new empty caches, in "
+                             "rounds of every variant and knob (the medians are printed at the end); only the first "
+                             "round's runs save artifacts and get warm, shipped and precompiled reruns")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="no warm-cache reruns")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
                         help="no shipped-cache or precompiled starts (cold runs then save no artifacts)")
@@ -1143,7 +1157,7 @@ def main(argv=None):
                           str(r["counts"]["fx_graph_cache"])]))
     data["cold_medians"] = cold_medians(data["runs"])
     if args.repeat > 1:
-        print("\nvariant | cold runs | median first call s | range s | failed")
+        print("\nvariant (knob) | cold runs | median first call s | range s | failed")
         for variant, m in data["cold_medians"].items():
             print(f"{variant} | {m['runs']} | {_f(m['median_s'], '{:.2f}')} | {_f(m['min_s'])}-{_f(m['max_s'])} | "
                   f"{m['failed']}")

@@ -123,7 +123,19 @@ def test_repeated_cold_runs_come_in_rounds_each_on_caches_of_its_own_and_only_th
         compile_time.parse_args(["--repeat", "0"])
 
 
-def test_cold_medians_take_every_round_of_the_default_knob_and_count_failures():
+def test_repeated_rounds_interleave_the_knobs_runs_with_the_plain_ones():
+    import compile_time
+
+    runs = compile_time.plan_runs(["syncfree-regional"], ["no-driver-warmup"], "syncfree-regional", warm=False,
+                                  repeat=2)
+    assert [r["name"] for r in runs] == [
+        "syncfree-regional cold", "syncfree-regional cold no-driver-warmup", "syncfree-regional cold #2",
+        "syncfree-regional cold no-driver-warmup #2"]
+    assert len({r["caches"] for r in runs}) == 4 and runs[3]["knob"] == "no-driver-warmup"
+    assert compile_time.parse_knob("no-driver-warmup")["env"] == {"SYNCFREE_PREWARM_DRIVER": "0"}
+
+
+def test_cold_medians_take_every_round_per_variant_and_knob_and_count_failures():
     import compile_time
 
     def result(variant, first_call, cache="cold", knob="default", **extra):
@@ -137,4 +149,6 @@ def test_cold_medians_take_every_round_of_the_default_knob_and_count_failures():
     regional = medians["syncfree-regional"]
     assert regional["runs"] == 4 and regional["failed"] == 1
     assert regional["median_s"] == 11.5 and (regional["min_s"], regional["max_s"]) == (10.0, 15.0)
-    assert medians["stock-regional"]["median_s"] == 22.5 and set(medians) == {"syncfree-regional", "stock-regional"}
+    assert medians["syncfree-regional no-checked"]["median_s"] == 2.0
+    assert medians["stock-regional"]["median_s"] == 22.5
+    assert set(medians) == {"syncfree-regional", "syncfree-regional no-checked", "stock-regional"}

@@ -331,3 +331,73 @@ def test_a_cuda_graph_starts_one_named_thread(monkeypatch, launches):
         assert thread is not None and thread.name == kernel_warmup.THREAD_NAME and thread.daemon
         _triton.wait_for_warmups()
         assert recorded[-1] == found and ran[-1] == (jobs, use_helper)
+
+
+@pytest.fixture
+def driver_setup(monkeypatch):
+    """A CUDA machine (as kernel_warmup's gate sees it) where no driver setup has started yet in this process; the
+    compile workers are not started. Yields the list of threads that ran the (patched) setup."""
+    from compile_pass.kernels import compile_ahead
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_compat, "warm_compile_workers", lambda: True)
+    monkeypatch.setattr(kernel_warmup, "_driver_setup", [None])
+    monkeypatch.delenv("SYNCFREE_PREWARM_KERNELS", raising=False)
+    monkeypatch.delenv("SYNCFREE_PREWARM_DRIVER", raising=False)
+    ran = []
+
+    def slow_setup():
+        time.sleep(0.3)
+        ran.append(threading.current_thread().name)
+
+    monkeypatch.setattr(compile_ahead, "set_up_driver", slow_setup)
+    yield ran
+    kernel_warmup.wait_for_driver_setup()
+    _triton.wait_for_warmups()
+
+
+def test_compile_sets_up_tritons_driver_once_in_a_thread_the_backend_and_launches_wait_for(driver_setup, monkeypatch):
+    import compile_pass
+
+    with monkeypatch.context() as cpu:  # Dynamo saves the CUDA RNG state where CUDA looks available
+        cpu.setattr(torch.cuda, "is_available", lambda: False)
+        gm = _traced_graph(_regional_step, _regional_inputs(), max_context_len=64)
+    compile_pass.compile(lambda x: x + 1, max_context_len=64)
+    thread = kernel_warmup._driver_setup[0]
+    assert thread is not None and thread.name == kernel_warmup.DRIVER_THREAD_NAME and thread.daemon
+    assert thread in _triton._warmups  # a real launch joins it (kernels/_triton.launch)
+    compile_pass.compile(lambda x: x * 2, max_context_len=64)
+    assert kernel_warmup._driver_setup[0] is thread  # once per process
+    assert driver_setup == []  # still setting up: compile() did not wait
+    kernel_warmup.start(gm)  # the backend's warm-up entry waits for the driver before its record step
+    assert driver_setup == [kernel_warmup.DRIVER_THREAD_NAME] and not thread.is_alive()
+
+
+def test_no_driver_setup_without_cuda_or_when_turned_off(driver_setup, monkeypatch):
+    monkeypatch.setenv("SYNCFREE_PREWARM_DRIVER", "0")
+    assert kernel_warmup.start_driver_setup() is None
+    monkeypatch.delenv("SYNCFREE_PREWARM_DRIVER")
+    monkeypatch.setenv("SYNCFREE_PREWARM_KERNELS", "0")  # no warm-ups at all: no driver setup either
+    assert kernel_warmup.start_driver_setup() is None
+    monkeypatch.delenv("SYNCFREE_PREWARM_KERNELS")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert kernel_warmup.start_driver_setup() is None
+    assert kernel_warmup._driver_setup == [None] and driver_setup == []
+
+
+def test_a_driver_that_cannot_be_set_up_is_logged_and_left_to_the_first_launch(monkeypatch, caplog):
+    """Triton's own setup, unpatched: on this CPU machine it finds no active driver; the thread says so at debug
+    level and ends, and nothing reaches the caller."""
+    import logging
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_warmup, "_driver_setup", [None])
+    monkeypatch.delenv("SYNCFREE_PREWARM_DRIVER", raising=False)
+    monkeypatch.delenv("SYNCFREE_PREWARM_KERNELS", raising=False)
+    with caplog.at_level(logging.DEBUG, logger=kernel_warmup.log.name):
+        thread = kernel_warmup.start_driver_setup()
+        assert thread is not None
+        kernel_warmup.wait_for_driver_setup()
+    _triton.wait_for_warmups()
+    assert not thread.is_alive()
+    assert any("driver not set up ahead" in r.getMessage() for r in caplog.records), caplog.text
