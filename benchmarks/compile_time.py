@@ -62,8 +62,6 @@ Knobs (each one more cold run of each --knob-variant, after the variants and the
                          (compile_pass.kernel_warmup, kernels/compile_ahead.py)
   kernel-warmup-thread   SYNCFREE_PREWARM_KERNELS=thread: they compile in a thread of this process beside
                          Inductor's compile (the ninth session's way), not in the helper process
-  no-driver-warmup       SYNCFREE_PREWARM_DRIVER=0: Triton's driver is set up by the backend's first warm-up (or the
-                         first launch) instead of in a thread that compile_pass.compile starts, beside Dynamo's trace
   outline-repeats        opt:outline_repeats=True: the backend outlines the whole model's repeated stretches into
                          one compiled region (compile_pass.outline_repeats); for the syncfree-whole variant
 --repeat N: N cold runs of every variant and knob, each in a fresh process on new empty caches, in rounds (every
@@ -146,7 +144,6 @@ KNOBS = {
     "no-schema-cache": dict(env={"SYNCFREE_REGION_SCHEMA_CACHE": "0"}),
     "no-kernel-warmup": dict(env={"SYNCFREE_PREWARM_KERNELS": "0"}),
     "kernel-warmup-thread": dict(env={"SYNCFREE_PREWARM_KERNELS": "thread"}),
-    "no-driver-warmup": dict(env={"SYNCFREE_PREWARM_DRIVER": "0"}),
     "outline-repeats": dict(options={"outline_repeats": True}),
     "per-layer-kv": dict(),  # the regional variants' default since 2026-12-02 (kept: older commands name it)
 }

@@ -469,7 +469,6 @@ def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int 
     policy = tracing.TracingPolicy.from_options(opts, fn)
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     warm_compile_workers()
-    kernel_warmup.start_driver_setup()  # Triton's driver, beside Dynamo's trace at the first call
     graph_reports: list[SyncReport] = []
 
     @functools.wraps(fn)

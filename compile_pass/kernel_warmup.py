@@ -19,12 +19,6 @@ against 1.1-1.6 s alone and slowed the backend by 0.4-0.8 s (ninth session). =0 
     helper process:          triton.compile of each request into Triton's on-disk cache
     warm-up thread:          waits for the helper, then loads each kernel into its in-memory JIT cache
 
-Before all of it, the process's first Triton JIT call sets up Triton's driver (on CUDA, a gcc build of its C
-utilities into an empty Triton cache): 0.4-0.5 s that the record step's first warm-up paid in the backend on the
-H200. compile_pass.compile starts that setup in a thread of its own (start_driver_setup), which runs beside Dynamo's
-trace, mostly outside the GIL (gcc is a child process); the record step and every launch wait for it.
-SYNCFREE_PREWARM_DRIVER=0 leaves it to the first warm-up or launch.
-
 Nothing here changes the graph or the report; a warm-up that fails is logged at debug level and the kernel compiles
 at its first launch, as without it. A real launch waits for the warm-up thread first (kernels/_triton.py), so a
 kernel is never compiled twice at once.
@@ -46,7 +40,6 @@ from .log import log
 from .mutations import region_body
 
 THREAD_NAME = "syncfree-kernel-warmup"
-DRIVER_THREAD_NAME = "syncfree-triton-driver"
 
 
 class TensorSpec(NamedTuple):
@@ -207,48 +200,6 @@ def enabled() -> bool:
     return mode() is not None
 
 
-_driver_setup: list = [None]  # the setup thread, once per process
-
-
-def driver_setup_enabled() -> bool:
-    return enabled() and os.environ.get("SYNCFREE_PREWARM_DRIVER", "1").strip() != "0"
-
-
-def _set_up_driver() -> None:
-    try:
-        from .kernels.compile_ahead import set_up_driver
-
-        set_up_driver()
-    except Exception as e:  # noqa: BLE001 - the first warm-up or launch then sets it up, and says why it cannot
-        log.debug("syncfree: Triton's driver not set up ahead: %s: %s", type(e).__name__, e)
-
-
-def start_driver_setup() -> threading.Thread | None:
-    """On a CUDA machine where kernels compile ahead: set up Triton's driver in a daemon thread, once per process
-    (compile_pass.compile's call, so that it runs beside Dynamo's trace). The thread, or None where it is off or
-    already started. A launch (kernels/_triton.launch) and the record step (start) wait for it. Never raises."""
-    try:
-        if _driver_setup[0] is not None or not driver_setup_enabled():
-            return None
-        from .kernels._triton import add_warmup
-
-        thread = threading.Thread(target=_set_up_driver, name=DRIVER_THREAD_NAME, daemon=True)
-        thread.start()
-        _driver_setup[0] = thread
-        add_warmup(thread)
-        return thread
-    except Exception as e:  # noqa: BLE001 - never fail a compile over a warm-up
-        log.debug("syncfree: Triton's driver setup not started: %s: %s", type(e).__name__, e)
-        return None
-
-
-def wait_for_driver_setup() -> None:
-    """Join the driver setup thread, if one was started (two threads setting up one driver would race)."""
-    thread = _driver_setup[0]
-    if thread is not None:
-        thread.join()
-
-
 def prepare() -> None:
     """Start the helper process now (the backend's entry), so that its start overlaps the pass. Never raises."""
     try:
@@ -266,8 +217,6 @@ def start(gm: torch.fx.GraphModule) -> threading.Thread | None:
     Triton's in-memory caches, which a launch waits for. The thread, or None when there is nothing to compile or
     warm-ups are off. Never raises."""
     try:
-        # The record step's warm-ups and Inductor's compile use Triton's driver: never two threads setting it up.
-        wait_for_driver_setup()
         where = mode()
         if where is None:
             return None

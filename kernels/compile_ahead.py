@@ -59,17 +59,6 @@ class CompileJob(NamedTuple):
                 "environ": dict(os.environ), "cache_dir": knobs.cache.dir}
 
 
-# --- before step 1: Triton's driver -------------------------------------------------------------------------------
-
-def set_up_driver() -> None:
-    """What the process's first Triton JIT call does before anything else: set up Triton's active driver (on CUDA it
-    builds its C utilities with gcc into an empty Triton cache, or loads them from it) and read the current target.
-    compile_pass.kernel_warmup runs this in a thread while Dynamo traces."""
-    from triton.runtime import driver
-
-    driver.active.get_current_target()
-
-
 # --- step 1: record ------------------------------------------------------------------------------------------------
 
 _recording = threading.local()
