@@ -232,14 +232,14 @@ def parse_knob(name: str) -> dict:
 
 def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shipped: bool = False,
               kept_triton: bool = True, repeat: int = 1) -> list[dict]:
-    """The runs in the order they are worth having: every variant cold, `repeat - 1` more rounds of them (each
-    run in new empty caches of its own, `round` 2, 3, ...: one round of every variant and knob after another, so
-    that a machine's drift reaches every variant and knob alike), their warm reruns (same caches as the first round), their
-    shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names the cold
-    run's caches), their precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
-    cold run's Triton cache (`triton_from` names the cold run's caches), then one cold run per knob of
-    each knob variant (knob_variant: one name or a list), whose plain cold run is added first when it is not among
-    the variants)."""
+    """The runs in the order they are worth having: every variant cold; with repeat > 1, the knobs' cold runs and
+    `repeat - 1` more rounds of every variant and knob (`round` 2, 3, ...: one round after another, so that a
+    machine's drift reaches them alike; each run on new empty caches of its own); the first round's warm reruns
+    (same caches), shipped-cache starts (new empty caches, the cold run's artifacts loaded first: `artifacts` names
+    the cold run's caches), precompiled starts (new empty caches) and, with kept_triton, precompiled starts on the
+    cold run's Triton cache (`triton_from` names the cold run's caches); with repeat == 1, one cold run per knob of
+    each knob variant last. knob_variant: one name or a list; a knob variant not among the variants gets its plain
+    cold run first."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     knob_variants = [knob_variant] if isinstance(knob_variant, str) else list(knob_variant)
@@ -247,18 +247,21 @@ def plan_runs(variants, knobs, knob_variant: str | list[str], warm: bool, shippe
     for v in reversed(knob_variants):
         if knobs and v not in cold:
             cold.insert(0, v)
-    def knob_runs(i: int) -> list[dict]:
-        suffix = "" if i == 1 else f" #{i}"
-        return [dict(name=f"{v} cold {k}{suffix}", variant=v, knob=k, cache="cold",
-                     caches=f"{v}+{k}" + ("" if i == 1 else f"#{i}"), **({} if i == 1 else {"round": i}))
-                for v in knob_variants for k in knobs]
 
-    runs = [dict(name=f"{v} cold", variant=v, knob="default", cache="cold", caches=v) for v in cold]
-    if repeat > 1:  # the knobs' runs in every round, beside the plain ones
+    def cold_run(v: str, knob: str, i: int) -> dict:
+        """Round i's cold run of variant v with one knob ("default": none)."""
+        knobbed, again = ("" if knob == "default" else knob), ("" if i == 1 else f"#{i}")
+        return dict(name=" ".join(filter(None, (v, "cold", knobbed, again))), variant=v, knob=knob, cache="cold",
+                    caches=v + (f"+{knobbed}" if knobbed else "") + again, **({"round": i} if i > 1 else {}))
+
+    def knob_runs(i: int) -> list[dict]:
+        return [cold_run(v, k, i) for v in knob_variants for k in knobs]
+
+    runs = [cold_run(v, "default", 1) for v in cold]
+    if repeat > 1:
         runs += knob_runs(1)
         for i in range(2, repeat + 1):
-            runs += [dict(name=f"{v} cold #{i}", variant=v, knob="default", cache="cold", caches=f"{v}#{i}",
-                          round=i) for v in cold] + knob_runs(i)
+            runs += [cold_run(v, "default", i) for v in cold] + knob_runs(i)
     if warm:
         runs += [dict(name=f"{v} warm", variant=v, knob="default", cache="warm", caches=v) for v in cold]
     if shipped:
