@@ -50,11 +50,11 @@ if not _LIGHT:
         registered_consumers,
         unregister_self_guarding_consumer,
     )
-    from .rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from .rules.bounded_writers import register_bounded_writer, unregister_bounded_writer
     from .rules.flat_kv_indices import register_indptr_reader, register_indptr_writer, unregister_flat_kv_facts
     from .rules.indptr_bound import register_indptr_bound_consumer, unregister_indptr_bound_consumer
     from .report import SyncItem, SyncRemainsError, SyncReport, last_report, reports
-    from .tracing import register_disabled_launcher, registered_launchers, unregister_disabled_launcher
+    from .traceable import register_disabled_launcher, registered_launchers, unregister_disabled_launcher
 
     from .log import register_with_torch as _register_log
     from ._triton_cache import install as _record_triton_compiles

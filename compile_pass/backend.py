@@ -16,14 +16,15 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import _compat, kernel_warmup, log, tracing
-from .find_sync_points import find_cpu_mirrors
+from . import _compat, kernel_warmup, log, pipeline, tracing
+from .input_guard import guard_disjoint_inputs
 from .normalize import is_full_max
 from .options import OptionError, SyncfreeOptions
-from .outline_repeats import outline_repeats
-from .sync_pass import PassResult, SyncPass
+from .sync_pass import PassResult
+from .traced_ranges import Retrace
 from .post_grad_check import (SyncFreeCheck, collecting, findings_key, has_host_reads, load_findings,
                               save_findings, with_existing_pass)
+from .traceable import fix_for
 from .report import (SyncItem, SyncRemainsError, SyncReport, collecting_reports, format_disjoint_note, node_location,
                      number_occurrences, set_last_report)
 
@@ -54,74 +55,9 @@ def _mode_options(mode: str | None) -> dict[str, Any]:
     return dict(list_mode_options(mode))
 
 
-def _flat_inputs(args) -> tuple | list:
-    """The inputs of a call of a compiled function: boxed (one list of inputs) or not."""
-    return args[0] if len(args) == 1 and isinstance(args[0], list) else args
-
-
-def _shares_memory(a, b) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    address = a.untyped_storage().data_ptr()
-    return address != 0 and address == b.untyped_storage().data_ptr()
-
-
-def inputs_share_memory(args, pairs) -> bool:
-    """Do any of the input pairs the proof assumed distinct share memory in this call (host-side, no sync)?"""
-    flat = _flat_inputs(args)
-    return any(_shares_memory(flat[i], flat[j]) for i, j in pairs)
-
-
-def inputs_misaligned(args, positions) -> bool:
-    """Is any input the backend made static for CUDA graphs (mark_static_scratch) no longer aligned as it was when
-    Inductor compiled the graph? Inductor does not check a static input's alignment again at run time (host-side:
-    its storage offset; no sync)."""
-    if not positions:
-        return False
-    flat, align = _flat_inputs(args), _compat.input_alignment()
-    return any(isinstance(flat[i], torch.Tensor) and (flat[i].storage_offset() * flat[i].element_size()) % align
-               for i in positions)
-
-
-def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pairs, aligned=()) -> Callable:
-    """Run `compiled` only while the graph inputs the proof assumed distinct are: Dynamo does not guard on
-    aliasing between inputs, so a call in which two of them share memory runs the untouched graph as captured
-    (eager semantics, its host read included). The check compares storage addresses on the host: no sync.
-    `aligned`: positions of inputs the backend made static (mark_static_scratch); a call where one of them is not
-    aligned as at compile time runs the untouched graph too.
-    Under torch's AOT precompile the guard is an object torch can save with the graph (compile_pass.cache)."""
-    pairs, aligned = tuple(pairs), tuple(aligned)
-    if not pairs and not aligned:
-        return _compat.serializable_step(compiled)
-    boxed = getattr(compiled, "_boxed_call", False)
-    if _compat.precompiling() and hasattr(compiled, "serialize"):
-        try:
-            return _compat.GuardedSerializableStep(compiled, original, pairs, boxed, aligned)
-        except TypeError:  # a torch whose SerializableCallable asks for other methods: the closure below
-            pass
-
-    def guarded(*args):
-        # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
-        if inputs_share_memory(args, pairs) or inputs_misaligned(args, aligned):
-            return original.forward(*_flat_inputs(args))
-        return compiled(*args)
-
-    guarded._boxed_call = boxed  # type: ignore[attr-defined]
-    return guarded
-
-
 def run_sync_pass(gm: torch.fx.GraphModule, opts: SyncfreeOptions) -> PassResult:
-    """SyncPass on a Dynamo graph, with the ranges the backend gave while Dynamo traced (compile_pass.tracing)
-    taken out before (and the widths they respelled read back as the rules know them) and checked again, on the
-    host, for every max the pass keeps."""
-    mirrors = find_cpu_mirrors(gm.graph, dict(opts.cpu_mirrors))  # of the placeholders: the pass keeps them
-    assumed = tracing.traced_at_bound(gm.graph, mirrors)
-    if tracing.strip_range_asserts(gm.graph) + tracing.respell_widths(gm.graph):
-        gm.recompile()
-    result = SyncPass(opts)(gm)
-    if tracing.settle_at_bound(gm.graph, assumed, mirrors) + tracing.recheck_kept(gm.graph):
-        gm.recompile()
-    return result
+    """The pipeline's steps on a Dynamo graph (compile_pass.pipeline); the pass's typed result."""
+    return pipeline.run(gm, opts).result
 
 
 def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
@@ -132,27 +68,26 @@ def syncfree_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     opts = SyncfreeOptions.from_dict({**_mode_options(mode), **(options or {})})
     start = time.perf_counter()
     kernel_warmup.prepare()  # the kernel compile helper starts while the pass runs
-    static_inputs: list = []
     try:
         rewritten = _compat.copy_dynamo_graph_module(gm)
-        result = run_sync_pass(rewritten, opts)
-        report = report_of(result, opts)
-        static_inputs = list(zip(result.static_inputs, result.static_names))
+        state = pipeline.run(rewritten, opts)
+        report = report_of(state.result, opts)
         log.graph_rewritten(gm, rewritten)
-    except tracing.Retrace:
+    except Retrace:
         raise  # compile_pass.compile traces the frame again, without assuming a branch at the bound
     except Exception as e:  # an internal error never breaks the user's compile
         if opts.strict:
             raise
         log.warn(f"syncfree: the pass failed ({type(e).__name__}: {e}); compiling the graph untouched")
         rewritten = gm
+        state = pipeline.run(gm, opts, pipeline.DECISIONS)  # the untouched graph: only the compile's decisions
         report = SyncReport(options=opts.to_dict(), fell_back=True,
                             notes=[f"the pass failed ({type(e).__name__}: {e}); the graph was compiled untouched"])
     report.pass_seconds = time.perf_counter() - start
     kernel_warmup.start(rewritten)  # this package's kernels compile in the background while Inductor runs
     explain_missing_bound(report, mode, opts)
     try:
-        return _compile_rewritten(gm, rewritten, example_inputs, report, opts, static_inputs)
+        return _compile_rewritten(gm, rewritten, example_inputs, report, state)
     finally:
         report.backend_seconds = time.perf_counter() - start
         number_occurrences(report.rewritten + report.kept, gm.graph)  # the post-grad check's items too
@@ -209,15 +144,16 @@ def _new_graph_breaks() -> list[SyncItem]:
                "the host" if host else f"graph break here ({first}); no host read is known to be involved")
         if "capture_scalar_outputs" in reason:
             why = "kept: graph break at .item(): " + CAPTURE_FIX
-        fix = tracing.fix_for(reason)
+        fix = fix_for(reason)
         if fix is not None:
             why += "; " + fix
         items.append(SyncItem("graph_break", location, why, host, "", "graph_break" if host else ""))
     return items
 
 
-def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: SyncfreeOptions,
-                       static_inputs=()):
+def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, state: pipeline.PipelineState):
+    opts = state.options
+    static_inputs = list(zip(state.result.static_inputs, state.result.static_names)) if state.result else []
     breaks = _new_graph_breaks()
     report.kept.extend(item for item in breaks if item.host_sync)
     report.notes.extend(item.location + ": " + item.reason for item in breaks if not item.host_sync)
@@ -237,29 +173,22 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, opts: 
         log.warn(f"syncfree: {report.syncs_remaining} host sync point(s) kept: {lines} "
                  + f"({hint or where_to_read(report)})", location=kept[0].location, graph=gm)
 
-    patches = opts.config_patches()
-    keeps_host_read = _holds_unbacked_symbols(rewritten)
-    if opts.cudagraphs and keeps_host_read:
-        # A host read or a data-dependent size left in the graph: CUDA graphs would crash on it (torch's
-        # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
-        patches.pop("triton.cudagraphs", None)
-        report.notes.append(CUDAGRAPHS_OFF)
-    if opts.outline_repeats and not keeps_host_read:
-        outlined = outline_repeats(rewritten)
-        if outlined.gm is not rewritten:
-            try:
-                compiled = _compile_final(gm, outlined.gm, example_inputs, report, opts, static_inputs,
-                                          dict(patches), keeps_host_read)
-                report.notes.append(outlined.note())
-                return compiled
-            except SyncRemainsError:
-                raise
-            except Exception as e:  # never fail a compile that would succeed without the option
-                first = log.first_line(e)
-                note = (f"outline_repeats: the outlined graph failed to compile ({type(e).__name__}: {first}); "
-                        "compiled as traced instead")
-                log.warn(f"syncfree: {note}")
-                report.notes.append(note)
+    patches, keeps_host_read, outlined = state.patches, state.keeps_host_read, state.outlined
+    report.notes.extend(state.notes)
+    if outlined is not None:
+        try:
+            compiled = _compile_final(gm, outlined.gm, example_inputs, report, opts, static_inputs,
+                                      dict(patches), keeps_host_read)
+            report.notes.append(outlined.note())
+            return compiled
+        except SyncRemainsError:
+            raise
+        except Exception as e:  # never fail a compile that would succeed without the option
+            first = log.first_line(e)
+            note = (f"outline_repeats: the outlined graph failed to compile ({type(e).__name__}: {first}); "
+                    "compiled as traced instead")
+            log.warn(f"syncfree: {note}")
+            report.notes.append(note)
     return _compile_final(gm, rewritten, example_inputs, report, opts, static_inputs, patches, keeps_host_read)
 
 
@@ -360,20 +289,7 @@ def where_to_read(report: SyncReport) -> str:
     return "compile_pass.last_report() says why"
 
 
-CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "
-                  "(CUDA graphs cannot hold one); it runs without CUDA graphs")
-
-
-def _holds_unbacked_symbols(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        value = _compat.example_value(node)
-        if value is not None:
-            try:
-                if _compat.free_unbacked_symbols(value):
-                    return True
-            except Exception:
-                return True  # cannot tell: assume the worst
-    return False
+CUDAGRAPHS_OFF = pipeline.CUDAGRAPHS_OFF
 
 
 def _compile_checked(gm, example_inputs, patches: dict, opts: SyncfreeOptions):

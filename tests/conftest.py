@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 import compile_pass  # noqa: E402,F401
 import compile_pass.kernels  # noqa: E402
+import decision_log  # noqa: E402  (tests/support: SYNCFREE_DECISIONS_LOG)
 
 # `python -m pytest` puts the checkout's root on sys.path, where the source folder kernels/ is importable as a
 # top-level package `kernels`. transformers (imported by the SGLang tests) probes for a PyPI package of that name
@@ -35,6 +36,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo(request):
     torch._dynamo.reset()
+    if decision_log.path() is None:
+        yield
+        return
+    from compile_pass import report
+
+    with report._LOCK:
+        report._ALL.clear()
     yield
+    decision_log.append(request.node.nodeid, list(report._ALL))

@@ -50,7 +50,7 @@ def _(indices, indptr, lengths):
 
 def test_uuid_follows_registered_facts():
     import consumers_for_tests  # noqa: F401  (its ops)
-    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from compile_pass.rules.bounded_writers import register_bounded_writer, unregister_bounded_writer
     from compile_pass.rules.flat_kv_indices import register_indptr_reader, unregister_flat_kv_facts
 
     base = uuid_of()

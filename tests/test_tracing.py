@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import compile_pass
-from compile_pass import _compat, tracing
+from compile_pass import _compat, traceable, traced_ranges, tracing
 from compile_pass.backend import run_sync_pass
 from compile_pass.options import SyncfreeOptions
 
@@ -115,11 +115,11 @@ def test_the_pass_does_not_see_the_range_asserts():
 
     class Look(Recorder):
         def __call__(self, gm, example_inputs):
-            ranged = tracing.ranged_items(gm.graph)
+            ranged = traced_ranges.ranged_items(gm.graph)
             before = sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default)
-            tracing.strip_range_asserts(gm.graph)
+            traced_ranges.strip_range_asserts(gm.graph)
             after = sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default)
-            seen.append((len(ranged), before, after, ranged[0].meta[tracing.META] if ranged else None))
+            seen.append((len(ranged), before, after, ranged[0].meta[traced_ranges.META] if ranged else None))
             return gm.forward
 
     _run(grow_step, Look(), Scratch(4), torch.tensor([9, 3]), r2t)
@@ -152,7 +152,7 @@ def test_which_inputs_get_a_range(name, options, bound):
     fb = FB()
     setattr(fb, name, torch.tensor([2, 3]))
     _run(step, backend, fb)
-    ranged = [n.meta[tracing.META][0] for g in backend.graphs for n in g.graph.nodes if tracing.META in n.meta]
+    ranged = [n.meta[traced_ranges.META][0] for g in backend.graphs for n in g.graph.nodes if traced_ranges.META in n.meta]
     assert ranged == ([bound] if bound is not None else [])
 
 
@@ -164,7 +164,7 @@ def test_a_max_of_an_intermediate_gets_no_range():
         return _max_of(seq_lens * 2, r2t)
 
     _run(step, backend, torch.tensor([2, 3]))
-    assert not any(tracing.META in n.meta for g in backend.graphs for n in g.graph.nodes)
+    assert not any(traced_ranges.META in n.meta for g in backend.graphs for n in g.graph.nodes)
 
 
 def test_compile_gives_the_range_while_dynamo_traces():
@@ -339,17 +339,17 @@ def test_a_msgspec_struct_is_reported_with_the_change_that_makes_it_traceable(cl
 
     got, breaks, compiled = _one_graph(step, torch.ones(3))
     torch.testing.assert_close(got, step(torch.ones(3)))
-    assert any(tracing.STRUCT_REFUSED in b for b in breaks), breaks
+    assert any(traceable.STRUCT_REFUSED in b for b in breaks), breaks
     notes = [n for r in compile_pass.reports(compiled) for n in r.notes]
     assert any(n.startswith("test_tracing.py:") and why in n and "dataclass or NamedTuple" in n for n in notes), notes
 
 
 @needs_msgspec
 def test_struct_refusal_reads_the_class():
-    assert tracing.struct_refusal(StructTable) is None and tracing.struct_refusal(FrozenTable) is None
-    assert "__post_init__" in tracing.struct_refusal(PostInitTable)
+    assert traceable.struct_refusal(StructTable) is None and traceable.struct_refusal(FrozenTable) is None
+    assert "__post_init__" in traceable.struct_refusal(PostInitTable)
     with pytest.raises(LookupError):
-        tracing.struct_refusal(Holder)
+        traceable.struct_refusal(Holder)
 
 
 @needs_msgspec
@@ -417,7 +417,7 @@ def test_a_registered_launcher_is_traced_as_its_op(launcher):
 def test_a_launcher_call_with_an_argument_the_op_does_not_take_breaks_and_the_report_names_it(launcher):
     got, breaks, compiled = _one_graph(_flag_step, torch.ones(3))
     torch.testing.assert_close(got, _flag_step(torch.ones(3)))
-    assert any(tracing.LAUNCHER_REFUSED + " (flag=)" in b for b in breaks), breaks
+    assert any(traceable.LAUNCHER_REFUSED + " (flag=)" in b for b in breaks), breaks
     notes = [n for r in compile_pass.reports(compiled) for n in r.notes]
     assert any(n.startswith("test_tracing.py:") and "add that argument to the op's schema" in n for n in notes)
 
@@ -432,7 +432,7 @@ def test_a_launcher_call_with_an_argument_of_another_kind_breaks_and_the_report_
     """scale is a float in the schema: a tensor there is not traced as the op (the break stands, eager runs)."""
     got, breaks, _ = _one_graph(_scale_tensor_step, torch.ones(3))
     torch.testing.assert_close(got, _scale_tensor_step(torch.ones(3)))
-    assert any(tracing.LAUNCHER_REFUSED + " (scale=)" in b for b in breaks), breaks
+    assert any(traceable.LAUNCHER_REFUSED + " (scale=)" in b for b in breaks), breaks
 
 
 def test_an_unregistered_launcher_still_breaks(launcher):

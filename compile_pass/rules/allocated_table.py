@@ -29,23 +29,24 @@ also leave the step (stored on the backend's metadata), at the static width.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import operator
 
 import torch
 import torch.fx
 
-from .. import _compat, tracing
+from .. import _compat, traced_ranges
 from .._compat import example_value, fake_mode_of
-from ..consumers import (bind_arguments, facts_of, load_facts, lookup_consumer, lookup_facts, overload_name,
-                         register_facts, unregister_facts)
+from ..allocations import (block_count, in_grid, is_row_view, is_table_of, reads_of, round_up, rounded_width, size_checks,
+                           slice_of, width_of)
+from ..consumers import bind_arguments, lookup_consumer
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import node_location, replace_uses
-from ..normalize import (ASSERTS, INT_DTYPES, SYM_SIZE, as_allocation, ceil_div, holds_for_every_value, row_stride_of,
-                         only_asserted, page_count, plus_constant, with_size)
+from ..allocations import as_allocation, with_size
+from ..normalize import ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, page_count, plus_constant, row_stride_of
 from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
+from .bounded_writers import BoundedWriter, Launch, launch_of
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
 RULE = "allocated_table"
@@ -59,162 +60,6 @@ REASONS = declare_reasons(RULE, {
     "buffer_narrow": "the persistent buffer the page count slices is not statically as wide as the bound's pages",
     "round_up": "the page count is rounded up by arithmetic that is not a multiple-of round-up",
 })
-
-
-# -- facts: bounded writers -------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class BoundedWriter:
-    """A writer of a [rows, n] page table: a user Triton kernel or a torch op. Program (or row) b writes row b's
-    first cdiv(max(lengths[b], 0), page_size) columns of `table` and nothing else; every other tensor it receives
-    it only reads. Its writes depend on the table only through its data pointer and `table_stride` (the table's
-    row stride), never its width. A kernel is launched on a grid (rows of the table, 1, 1), or, with
-    `pages_per_program`, (rows, cdiv(width, pages_per_program), 1) with program (b, j) writing only columns
-    [j * pages_per_program, (j + 1) * pages_per_program) of row b's first cdiv(lengths[b], page_size): any axis-1
-    count that covers the widest row writes the same. An op owns its launch."""
-
-    name: str  # "module:qualname" of the kernel's Python function, or the op's "ns::name.overload"
-    table: str  # the parameter that takes the [rows, n] table (written in place)
-    lengths: str  # the parameter that takes the per-row lengths, in tokens
-    page_size: int | str  # tokens per page: an int, or the parameter (constexpr or int) that holds it
-    req_pool_indices: str | None = None  # the request indices it reads (checked like the lengths)
-    req_to_token: str | None = None  # the token table it reads
-    table_stride: str | None = None  # the parameter that takes table.stride(0), if any
-    pages_per_program: int | None = None  # a kernel's pages per program along grid axis 1 (None: one program/row)
-    op: bool = False  # a torch op (its schema says what it writes), not a Triton kernel
-
-
-def kernel_name(kernel) -> str:
-    """`module:qualname` of a @triton.jit kernel (through autotuners/heuristics) or of a Python function."""
-    obj, seen = kernel, 0
-    while not inspect.isfunction(obj) and hasattr(obj, "fn") and seen < 8:
-        obj, seen = obj.fn, seen + 1
-    if not inspect.isfunction(obj):
-        raise TypeError(f"not a @triton.jit kernel or a function: {type(kernel).__name__}")
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
-def _key(name: str) -> str:
-    return overload_name("triton::" + name)
-
-
-def _kernel_arg_names(kernel):
-    obj, seen = kernel, 0
-    while getattr(obj, "arg_names", None) is None and hasattr(obj, "fn") and seen < 8:
-        obj, seen = obj.fn, seen + 1
-    return getattr(obj, "arg_names", None)
-
-
-def _is_op(kernel) -> bool:
-    """A torch op (OpOverload, packet, custom_op) or its 'ns::name' string; a kernel's string is 'module:qualname'."""
-    if isinstance(kernel, str):
-        return "::" in kernel
-    return isinstance(kernel, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
-        or isinstance(getattr(kernel, "_opoverload", None), torch._ops.OpOverload)
-
-
-def _op_schema(name: str):
-    namespace, rest = name.split("::", 1)
-    opname, overload = rest.split(".", 1)
-    return getattr(getattr(getattr(torch.ops, namespace), opname), overload)._schema
-
-
-def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int | str,
-                            req_pool_indices: str | None = None, req_to_token: str | None = None,
-                            table_stride: str | None = None, pages_per_program: int | None = None) -> BoundedWriter:
-    """Declare that `kernel` is a bounded writer (BoundedWriter): a @triton.jit kernel (or its `module:qualname`),
-    or a torch op (OpOverload, packet, custom_op, or 'ns::name[.overload]'). With the kernel object or an op, the
-    names are checked against its parameters; an op's schema must write its `table` and nothing else, and return
-    nothing. Registering again replaces."""
-    op = _is_op(kernel)
-    if op:
-        name = overload_name(kernel)
-        try:
-            schema = _op_schema(name)
-        except (AttributeError, RuntimeError) as e:
-            raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
-        arg_names = [a.name for a in schema.arguments]
-        written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        if written != [table] or schema.returns:
-            raise ValueError(f"{name} must write only its table {table!r} and return nothing (its schema writes "
-                             f"{written} and returns {len(schema.returns)} values)")
-        if pages_per_program is not None:
-            raise ValueError("pages_per_program describes a Triton kernel's launch grid; an op owns its launch")
-    else:
-        name = kernel if isinstance(kernel, str) else kernel_name(kernel)
-        arg_names = None if isinstance(kernel, str) else _kernel_arg_names(kernel)
-    if isinstance(page_size, bool) or not (isinstance(page_size, str) or (isinstance(page_size, int)
-                                                                          and page_size >= 1)):
-        raise ValueError(f"page_size must be an int >= 1 or a parameter name, got {page_size!r}")
-    if pages_per_program is not None and (isinstance(pages_per_program, bool) or not isinstance(
-            pages_per_program, int) or pages_per_program < 1):
-        raise ValueError(f"pages_per_program must be an int >= 1, got {pages_per_program!r}")
-    named = {"table": table, "lengths": lengths, "req_pool_indices": req_pool_indices,
-             "req_to_token": req_to_token, "table_stride": table_stride,
-             "page_size": page_size if isinstance(page_size, str) else None}
-    for label, value in named.items():
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{label} must be a parameter name, got {value!r}")
-        if value is not None and arg_names is not None and value not in arg_names:
-            raise ValueError(f"{label}={value!r} is not a parameter of {name} (parameters: {list(arg_names)})")
-    facts = BoundedWriter(name, table, lengths, page_size, req_pool_indices, req_to_token, table_stride,
-                          pages_per_program, op)
-    register_facts(RULE, name if op else _key(name), facts)
-    return facts
-
-
-def unregister_bounded_writer(kernel) -> None:
-    if _is_op(kernel):
-        unregister_facts(RULE, overload_name(kernel))
-        return
-    unregister_facts(RULE, _key(kernel if isinstance(kernel, str) else kernel_name(kernel)))
-
-
-def bounded_writer_of(kernel) -> BoundedWriter | None:
-    try:
-        name = kernel if isinstance(kernel, str) else kernel_name(kernel)
-    except TypeError:
-        return None
-    return facts_of(RULE).get(_key(name))
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """One call that may write a table: a user Triton kernel's launch, or a call of an op with writer facts."""
-
-    node: torch.fx.Node
-    name: str
-    facts: BoundedWriter | None  # None: a Triton kernel with no facts
-    args: dict  # parameter -> value (a kernel's constants included; an op's defaults included)
-    grid: object = None  # a kernel's grid; None for an op
-
-
-def launch_of(node: torch.fx.Node) -> Launch | None:
-    """The launch `node` makes, or None (neither a user Triton kernel nor an op registered as a bounded writer)."""
-    found = _compat.user_triton_kernel(node)
-    if found is not None:
-        kernel, constants = found
-        try:
-            name = kernel_name(kernel)
-        except TypeError:
-            name = type(kernel).__name__
-        args = {**constants, **dict(node.kwargs.get("kwargs", {}))}
-        return Launch(node, name, bounded_writer_of(kernel), args, node.kwargs.get("grid"))
-    facts = lookup_facts(RULE, node) if node.op == "call_function" else None
-    if facts is None:
-        return None
-    schema = _op_schema(facts.name)
-    args = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    args.update(bind_arguments(facts.name, node.args, node.kwargs))
-    return Launch(node, facts.name, facts, args)
-
-
-def _builtin_writers() -> dict:
-    from ..kernels import flashmla_kv_indices  # it defines a Triton kernel: imported with this rule, not the ops
-
-    return flashmla_kv_indices.BOUNDED_WRITERS
-
-
-load_facts(_builtin_writers(), register_bounded_writer)
 
 
 # -- plans ------------------------------------------------------------------------------------------------
@@ -256,12 +101,6 @@ class AllocatedTablePlan:
 
 
 # -- the proof --------------------------------------------------------------------------------------------
-def _in_grid(writer: torch.fx.Node, node: torch.fx.Node) -> bool:
-    found = []
-    torch.fx.node.map_arg(writer.kwargs.get("grid"), lambda n: found.append(n is node))
-    return any(found)
-
-
 def _same_size(a, b) -> bool:
     if a is b:
         return True
@@ -321,14 +160,14 @@ class _Walk(HostMaxWalk):
     def on_page_count(self, count: torch.fx.Node, page_size: int, extra: int):
         pages = ceil_div(self.bound + extra, page_size)  # the count at m = bound: covers every row within it
         rounding = ()
-        rounded = _round_up(count)
+        rounded = round_up(count)
         if rounded is not None:  # `(n + a) // L * L`: eager's width is a multiple of L, and so is the static one
             width, rounding, add, multiple, factor, checks = rounded
             if add < multiple - 1 or factor != multiple:
                 raise Unsafe("round_up", f"the page count at {node_location(count)} is rounded by `(n + {add}) // "
                                          f"{multiple} * {factor}`, not up to a multiple of {multiple}: it may be "
                                          "narrower than the pages of a row")
-            pages = _rounded_width(self.bound, extra, page_size, add, multiple)  # monotone: >= eager's for every m
+            pages = rounded_width(self.bound, extra, page_size, add, multiple)  # monotone: >= eager's for every m
             for check in checks:  # Dynamo's own, on the multiples: true for every count in [0, pages / L]
                 if not holds_for_every_value(check, check.args[0] if check.args[0] in rounding else check.args[1],
                                              pages // multiple):
@@ -340,18 +179,18 @@ class _Walk(HostMaxWalk):
         allocations, slices, strides, bookkeeping, writers, grids = [], [], [], [], [], []
         for user in count.users:
             alloc = as_allocation(user)
-            if alloc is not None and _is_table_of(alloc, count):
+            if alloc is not None and is_table_of(alloc, count):
                 allocations.append(user)
                 continue
-            if _slice_of(user, count) is not None:
+            if slice_of(user, count) is not None:
                 slices.append(user)
                 continue
-            blocks = _block_count(user, count)
+            blocks = block_count(user, count)
             if blocks is not None:
                 grids.append(blocks)  # a launch grid's axis 1: follow_writer checks it against the facts
                 continue
             if _compat.user_triton_kernel(user) is not None or launch_of(user) is not None:
-                if _in_grid(user, count):
+                if in_grid(user, count):
                     raise Unsafe("writer_grid", f"the launch grid of the kernel at {node_location(user)} depends on "
                                                 "the page count: its writes would follow the static width")
                 writers.append(user)  # as its table_stride: follow_writer checks
@@ -378,7 +217,7 @@ class _Walk(HostMaxWalk):
             for user in stride.users:
                 if _compat.user_triton_kernel(user) is None and launch_of(user) is None:
                     raise Unsafe("width_use", f"the table's row stride (`max(1, n)`) is used by {describe_use(user)}")
-                if _in_grid(user, stride):
+                if in_grid(user, stride):
                     raise Unsafe("writer_grid", f"the launch grid at {node_location(user)} depends on the width")
         grid_users = {u for _, _, node in grids for u in node.users}
         self.follow_table(count, page_size, extra, pages, allocation, tuple(strides), tuple(bookkeeping),
@@ -388,14 +227,14 @@ class _Walk(HostMaxWalk):
     def round_up_slack(self, extra: int, page_size: int, add: int, multiple: int) -> int:
         """How many tokens past the max eager's rounded-up table covers at least, over every value the max can
         take: min over m of `((m + extra + ps - 1) // ps + add) // L * L * ps - m`. The values are [0, bound]
-        less those where a branch traced at the bound fails (tracing.admitted_values: each outcome is asserted on
+        less those where a branch traced at the bound fails (traced_ranges.admitted_values: each outcome is asserted on
         the device when the max is rewritten). TRTLLM-MLA's `cdiv(cdiv(m, 64), 64) * 64` pages of 64 cover 4096
         tokens for every m in [1, 256]: lengths up to m + 3840 stay in eager's table, and so in the static one,
         which is at least as wide for every m. At least `extra` (the rounding only widens)."""
-        values = tracing.admitted_values(self.point.value, self.bound)
+        values = traced_ranges.admitted_values(self.point.value, self.bound)
         if values is None or values.numel() == 0:  # not enumerated (a bound past 4M), or no value runs
             return extra
-        width = _rounded_width(values, extra, page_size, add, multiple)
+        width = rounded_width(values, extra, page_size, add, multiple)
         return max(extra, int((width * page_size - values).min()))
 
     def check_buffer(self, table: torch.fx.Node, pages: int) -> None:
@@ -421,7 +260,7 @@ class _Walk(HostMaxWalk):
                                         ", not an int32/int64 page table")
         rows = allocation.args[1][0].stop if sliced else as_allocation(allocation).sizes[0]
         users = sorted(allocation.users, key=self.ctx.index)
-        checks = [_size_checks(u, allocation) for u in users]
+        checks = [size_checks(u, allocation) for u in users]
         for user, found in zip(users, checks):
             if found is not None:  # Dynamo's bookkeeping for a slice's width (true for any width in [0, pages])
                 if not all(holds_for_every_value(c, user, pages) for c in found if c.target not in ASSERTS):
@@ -441,7 +280,7 @@ class _Walk(HostMaxWalk):
             raise self.table_use(writer)
         facts = self.follow_writer(launch, allocation, rows, count, page_size, extra, strides, sliced, grids)
         consumers, escapes = [], False
-        for user, table in _reads_of(users[1:], allocation):
+        for user, table in reads_of(users[1:], allocation):
             if user.op == "output" and self.ctx.options.static_escapes and table is allocation:
                 escapes = True  # the table leaves at the static width (options['static_escapes'])
                 continue
@@ -589,144 +428,6 @@ class _Walk(HostMaxWalk):
                                   frozenset(self.disjoint), scratch)
 
 
-def _rounded_width(m, extra: int, page_size: int, add: int, multiple: int):
-    """Eager's rounded-up width at max m (an int, or a tensor of values): `(cdiv(m + extra, ps) + a) // L * L`."""
-    return (ceil_div(m + extra, page_size) + add) // multiple * multiple
-
-
-def _is_table_of(alloc, count: torch.fx.Node) -> bool:
-    """A 2-D allocation `(B, n)` whose width is the page count and whose rows are not."""
-    return alloc.rank == 2 and alloc.sizes[1] is count and alloc.sizes[0] is not count
-
-
-def _slice_of(node: torch.fx.Node, count: torch.fx.Node):
-    """`buf[:B, :n]` (starts 0 or None, steps 1 or None) of a 2-D tensor with the page count as its column stop:
-    the column slice, else None."""
-    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
-        return None
-    base, index = node.args
-    if not (isinstance(base, torch.fx.Node) and isinstance(index, tuple) and len(index) == 2
-            and all(isinstance(i, slice) and i.start in (None, 0) and i.step in (None, 1) for i in index)):
-        return None
-    rows, cols = index
-    if cols.stop is not count or rows.stop is count or rows.stop is None:
-        return None
-    return cols
-
-
-def _size_checks(user: torch.fx.Node, table: torch.fx.Node):
-    """`sym_size(table, 1)` used only by comparisons that feed only asserts: those nodes (comparisons, then their
-    asserts), else None."""
-    if not (user.op == "call_function" and user.target is SYM_SIZE and user.args[0] is table
-            and user.args[1:] in ((1,), (-1,)) and user.users):
-        return None
-    found = []
-    for compare in user.users:
-        if not (compare.op == "call_function" and compare.target in (operator.ge, operator.gt, operator.le,
-                                                                      operator.lt) and only_asserted(compare)):
-            return None
-        found += [compare, *compare.users]
-    return found
-
-
-def _constant_chain(node: torch.fx.Node):
-    """(last, total, chain): `node + c1 + c2 ...` through single uses."""
-    total, chain = 0, []
-    while len(node.users) == 1:
-        (user,) = node.users
-        add = plus_constant(user, node)
-        if add is None:
-            break
-        total, node = total + add, user
-        chain.append(user)
-    return node, total, chain
-
-
-def _times(user: torch.fx.Node, node: torch.fx.Node):
-    """k for `node * k` / `k * node` with an int k; None otherwise."""
-    if user.op != "call_function" or user.target is not operator.mul or len(user.args) != 2:
-        return None
-    a, b = user.args
-    other = b if a is node else a if b is node else None
-    return other if other is not None and other is not node and isinstance(other, int) \
-        and not isinstance(other, bool) else None
-
-
-def _round_up(count: torch.fx.Node):
-    """`(n + a) // L * K` with n's one use starting it (TRTLLM-MLA's `cdiv(blocks, lcm) * lcm`, and Dynamo's
-    `torch.sym_sum([a, n])` spelling): (result, nodes, a, L, K); None when n's use is not that shape."""
-    if len(count.users) != 1:
-        return None
-    last, add, chain = _constant_chain(count)
-    users = list(last.users)
-    if len(users) != 1:
-        return None
-    divisor = page_count(users[0], last)
-    if divisor is None or divisor < 1:
-        return None
-    checks = [u for u in users[0].users if u.op == "call_function" and u.target in (
-        operator.ge, operator.gt, operator.le, operator.lt) and only_asserted(u)]
-    rest = [u for u in users[0].users if u not in checks]
-    if len(rest) != 1:
-        return None
-    (mul,) = rest
-    factor = _times(mul, users[0])
-    if factor is None:
-        return None
-    return mul, (*chain, users[0], mul), add, divisor, factor, tuple(checks)
-
-
-def _block_count(user: torch.fx.Node, count: torch.fx.Node):
-    """`(n + p - 1) // p` used only in launch grids (SGLang's get_num_kv_index_blocks_flashmla): (nodes, p, the
-    block count), else None."""
-    add = plus_constant(user, count)
-    if add is not None:
-        last, more, chain = _constant_chain(user)
-        add, chain = add + more, [user, *chain]
-        users = list(last.users)
-    else:
-        last, add, chain, users = count, 0, [], [user]
-    if len(users) != 1:
-        return None
-    divisor = page_count(users[0], last)
-    if divisor is None or divisor < 1 or add != divisor - 1 or not users[0].users:
-        return None
-    if not all(_compat.user_triton_kernel(u) is not None and _in_grid(u, users[0]) for u in users[0].users):
-        return None
-    return (*chain, users[0]), divisor, users[0]
-
-
-def _reads_of(users, table: torch.fx.Node):
-    """(user, the table or its row view) for each later user; a view `t[:k]` / `t[:k, :]` (rows from 0, every
-    column) stands for the table it views, for each of its own users."""
-    for user in users:
-        if user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2 \
-                and user.args[0] is table and _is_row_view(user.args[1]):
-            for inner in sorted(user.users, key=lambda n: list(table.graph.nodes).index(n)):
-                yield inner, user
-            continue
-        yield user, table
-
-
-def _is_row_view(index) -> bool:
-    parts = index if isinstance(index, tuple) else (index,)
-    if not parts or len(parts) > 2 or not all(isinstance(i, slice) for i in parts):
-        return False
-    rows = parts[0]
-    cols_full = len(parts) == 1 or parts[1] == slice(None)
-    return rows.start in (None, 0) and rows.step in (None, 1) and cols_full
-
-
-def _table_users(table: torch.fx.Node):
-    """A table node's users, a row view's users in its place."""
-    return [u for u, _ in _reads_of(list(table.users), table)]
-
-
-def _width_of(count: torch.fx.Node) -> torch.fx.Node:
-    rounded = _round_up(count)
-    return rounded[0] if rounded is not None else count
-
-
 def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
     """m (through constant adds) -> a page count (rounded up or not) -> the width of a 2-D allocation, or the
     column stop of a slice `buf[:B, :n]` that a Triton kernel or a registered bounded writer writes: this rule's
@@ -735,12 +436,12 @@ def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
         if depth < 8 and plus_constant(user, node) is not None and _sizes_an_allocation(user, depth + 1):
             return True
         if page_count(user, node) is not None:
-            width = _width_of(user)
+            width = width_of(user)
             for alloc in width.users:
                 spelled = as_allocation(alloc)
-                if spelled is not None and _is_table_of(spelled, width):
+                if spelled is not None and is_table_of(spelled, width):
                     return True
-                if _slice_of(alloc, width) is not None and any(
+                if slice_of(alloc, width) is not None and any(
                         _compat.user_triton_kernel(w) is not None or launch_of(w) is not None
                         for w in alloc.users):
                     return True
@@ -863,7 +564,7 @@ def _widen(table: TablePlan) -> None:
     if mode is None:
         return
     views = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem
-             and len(u.args) == 2 and u.args[0] is node and _is_row_view(u.args[1])]
+             and len(u.args) == 2 and u.args[0] is node and is_row_view(u.args[1])]
     for each in (node, *views):
         args = torch.fx.node.map_arg(each.args, example_value)
         kwargs = torch.fx.node.map_arg(each.kwargs, example_value)

@@ -27,13 +27,15 @@ import torch
 import torch.fx
 
 from .. import kernels
+from ..bounds import require_bound
 from .._compat import example_value, fake_mode_of
 from ..consumers import (_resolve, bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts,
                          schema_argument_names, unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..fx_util import insert_device_assert, node_location
 from ..mutations import written_by
-from ..normalize import ARITHMETIC, COMPARES, SYM_SIZE, as_allocation, constant_add, indptr_of, strip_kept_values
+from ..allocations import as_allocation
+from ..normalize import ARITHMETIC, COMPARES, SYM_SIZE, constant_add, indptr_of, strip_kept_values
 from ..proof import LengthsRelation, ProofContext, Unsafe, check_outputs_keep, declare_reasons, describe_use
 
 FACTS = "flat_kv_indices"  # the facts' namespace (the rule that first read them); both rules read them
@@ -135,10 +137,7 @@ def _is_op(node: torch.fx.Node) -> bool:
 def walk_the_total(walk_type, read: SyncPoint, ctx: ProofContext, what: str):
     """The start of every proof in the family: a static bound exists, the walk over the total's uses, and at
     least one buffer it sizes (`what` names the total in the reason)."""
-    if ctx.options.max_context_len is None:
-        raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static size exists (pass "
-                                 "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
-    walk = walk_type(read, ctx, ctx.options.max_context_len)
+    walk = walk_type(read, ctx, require_bound(ctx.options))
     walk.follow_total(read.value)
     if not walk.buffers:
         raise Unsafe("nothing_to_rewrite", f"{what} sizes no allocation: nothing to rewrite")

@@ -38,7 +38,8 @@ from ..normalize import (INT_DTYPES, asserted_bound, constant_add, dtype_of, is_
                          plus_constant, strip_kept_values)
 from ..proof import LengthsRelation, ProofContext, Unsafe, declare_reasons, describe_use, why_not
 from . import Option
-from ..tracing import META as TRACED_RANGE
+from ..bounds import lengths_bound, require_bound
+from ..traced_ranges import META as TRACED_RANGE
 
 REASONS = declare_reasons("host_max", {
     "empty_lengths": "the lengths are empty, and eager raises at the max",
@@ -83,9 +84,7 @@ def check_max_of_lengths(read: SyncPoint, ctx: ProofContext) -> None:
     numel = getattr(example_value(read.source), "numel", lambda: None)()
     if isinstance(numel, int) and numel == 0:
         raise Unsafe("empty_lengths", "the lengths are empty: eager raises at the max, and so must the step")
-    if ctx.options.max_context_len is None:
-        raise Unsafe("no_bound", "options['max_context_len'] is missing, so no static bound exists (pass "
-                                 "options={'max_context_len': N}, or compile_pass.compile(fn, max_context_len=N))")
+    require_bound(ctx.options)
     if read.kind == "tolist":
         check_list_elements(read)
 
@@ -104,7 +103,6 @@ def site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
     """The static bound of the values a max is taken over, per site: max_context_len for a lengths input,
     options['length_bounds'][name] for a declared input, the sum for a sum of inputs (at most one of them
     undeclared), plus constants added. Unsafe when no bound is known."""
-    declared = dict(ctx.options.rule_option("length_bounds") or ())
     mcl = ctx.options.max_context_len
 
     def name_of(node):
@@ -120,9 +118,9 @@ def site_bound(source: torch.fx.Node, ctx: ProofContext) -> tuple[int, str]:
             value, text, left = walk(inner, defaults_left)
             return value + c, f"{text} {'+' if c >= 0 else '-'} {abs(c)}", left
         if root.op == "placeholder":
-            for name in name_of(root):
-                if name is not None and name in declared:
-                    return declared[name], f"length_bounds['{name}']={declared[name]}", defaults_left
+            bound = lengths_bound(ctx.options, *name_of(root))
+            if bound is not None and bound.declared:
+                return bound.value, bound.text, defaults_left
             if defaults_left < 1:
                 raise Unsafe("unbounded_operand",
                              f"the max is over a sum whose operand {root.name} has no declared bound: give one with "

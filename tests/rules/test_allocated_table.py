@@ -242,7 +242,7 @@ def test_an_unregistered_kernel_keeps_the_max():
 
 @needs_interpreter
 def test_a_registered_writer_with_wrong_facts_or_other_lengths_keeps_the_max():
-    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from compile_pass.rules.bounded_writers import register_bounded_writer, unregister_bounded_writer
 
     with pytest.raises(ValueError, match="not a parameter"):
         register_bounded_writer(UNREGISTERED, table="table", lengths="page_kernel_lens_ptr", page_size=64)
@@ -502,7 +502,7 @@ def test_the_row_view_of_the_rewritten_scratch_gets_the_static_width_too():
     `table[:bs]` that reaches the consumer must not keep the dynamic width's symbol in its example value (the
     H200 run's flashmla_scratch graph ran without CUDA graphs for that)."""
     from compile_pass._compat import example_value
-    from compile_pass.backend import _holds_unbacked_symbols
+    from compile_pass.pipeline import holds_unbacked_symbols as _holds_unbacked_symbols
 
     gm = run_op(scratch_step, static_escapes=True).graphs[0]
     (view,) = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0].target is operator.getitem]
@@ -723,7 +723,7 @@ def test_an_op_writer_is_checked_against_its_schema():
     with pytest.raises(ValueError, match="an op owns its launch"):
         compile_pass.register_bounded_writer(UNDECLARED, table="table", lengths="lengths", page_size=64,
                                              pages_per_program=4)
-    from compile_pass.rules.allocated_table import facts_of
+    from compile_pass.rules.bounded_writers import facts_of
 
     assert not any("undeclared_writer" in key for key in facts_of("allocated_table"))
 
@@ -741,7 +741,7 @@ def block_grid_step(q, k, v, r2t, rpi, seq_lens):
 
 @needs_interpreter
 def test_a_two_dimensional_grid_with_pages_per_program_is_rewritten():
-    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from compile_pass.rules.bounded_writers import register_bounded_writer, unregister_bounded_writer
 
     register_bounded_writer(BLOCK_WRITER, table="kv_indices_ptr", lengths="page_kernel_lens_ptr", page_size="PAGED_SIZE",
                             req_pool_indices="req_pool_indices_ptr", req_to_token="req_to_token_ptr",
@@ -757,7 +757,7 @@ def test_a_two_dimensional_grid_with_pages_per_program_is_rewritten():
 
 @needs_interpreter
 def test_a_two_dimensional_grid_without_pages_per_program_keeps_the_max():
-    from compile_pass.rules.allocated_table import register_bounded_writer, unregister_bounded_writer
+    from compile_pass.rules.bounded_writers import register_bounded_writer, unregister_bounded_writer
 
     register_bounded_writer(BLOCK_WRITER, table="kv_indices_ptr", lengths="page_kernel_lens_ptr", page_size="PAGED_SIZE",
                             req_pool_indices="req_pool_indices_ptr", req_to_token="req_to_token_ptr",

@@ -64,11 +64,11 @@ def test_regional_dynamo_traces_one_body_per_region():
 
 @pytest.mark.inductor
 def test_regional_compiled_through_the_backend_matches_eager(monkeypatch):
-    from compile_pass import backend
+    from compile_pass import pipeline
 
     passes = []
-    run_sync_pass = backend.run_sync_pass
-    monkeypatch.setattr(backend, "run_sync_pass", lambda gm, opts: passes.append(1) or run_sync_pass(gm, opts))
+    run = pipeline.run
+    monkeypatch.setattr(pipeline, "run", lambda gm, opts, *steps: passes.append(1) or run(gm, opts, *steps))
     _, plain, config, regional = _models()
     (k0, v0), (k1, v1) = _pools(plain), _pools(regional)
 

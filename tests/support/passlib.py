@@ -1,14 +1,15 @@
-"""Helpers for pass tests: run the pass (SyncPass) on Dynamo graphs without Inductor (fast)."""
+"""Helpers for pass tests: run the compile's pipeline (compile_pass.pipeline: the trace-time steps and the rules)
+on Dynamo graphs without Inductor (fast)."""
 
 import dataclasses
 import random
 
 import torch
 
-from compile_pass import _compat
-from compile_pass.backend import guard_disjoint_inputs, report_of, run_sync_pass
+from compile_pass import _compat, pipeline
+from compile_pass.backend import report_of
+from compile_pass.input_guard import guard_disjoint_inputs
 from compile_pass.options import SyncfreeOptions
-from compile_pass.sync_pass import SyncPass
 
 
 @dataclasses.dataclass
@@ -39,17 +40,23 @@ def make_qkv(batch, page_size=4, num_pages=None, seed=0):
 
 
 class Rewriting:
-    """A backend that applies the pass and runs the rewritten graph eagerly; keeps graphs and reports."""
+    """The backend's path without Inductor: `pipeline.run` on Dynamo's graph (the ranges given while Dynamo traced
+    taken out and settled, the rules, the compile's decisions), then the rewritten graph eagerly, behind the
+    backend's input guard. Keeps graphs, reports and pipeline states. With `compile_traced` the ranges are given
+    while Dynamo traces, as compile_pass.compile does; with `run` (plain torch.compile) they are not."""
 
     def __init__(self, **options):
         self.options = SyncfreeOptions.from_dict(options)
         self.graphs = []
         self.reports = []
+        self.states = []
 
     def __call__(self, gm, example_inputs):
         original = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(SyncPass(self.options)(gm), self.options)
+        state = pipeline.run(gm, self.options)
+        report = report_of(state.result, self.options)
         self.graphs.append(gm)
+        self.states.append(state)
         self.reports.append(report)
         return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)  # as the backend does
 
@@ -82,20 +89,7 @@ def length_vectors(batch: int, count: int, seed: int, top: int = 64, *, low: int
     return out
 
 
-class TracedPassOnly:
-    """The backend's path without Inductor: run_sync_pass (the pass with the ranges given while Dynamo traced
-    taken out, then settled) on Dynamo's graph, then the graph as captured (aot_eager-style). Reports per graph.
-    Use with `compile_traced`, which gives the ranges while Dynamo traces, as compile_pass.compile does."""
-
-    def __init__(self, **options):
-        self.options = SyncfreeOptions.from_dict(options)
-        self.reports = []
-
-    def __call__(self, gm, example_inputs):
-        original = _compat.copy_dynamo_graph_module(gm)
-        report = report_of(run_sync_pass(gm, self.options), self.options)
-        self.reports.append(report)
-        return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)
+TracedPassOnly = Rewriting  # the name the SGLang suites use: one harness
 
 
 def compile_traced(fn, dynamic=None, **options):

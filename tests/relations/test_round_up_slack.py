@@ -5,7 +5,7 @@ rounded up to a multiple of L. Its draft-extend lengths are `seq_lens - extend_s
 extend): up to m + K - 1, more than the max itself. Eager stays inside its table only because the round-up covers
 more than m: `L * 64 * ceil(cdiv(m, 64) / L)` tokens. The rule takes that slack, the minimum over every value the
 max can take, as what the lengths may exceed the max by. Those values are [0, bound] less the ones where a branch
-traced at the bound fails (compile_pass.tracing.admitted_values; each outcome is asserted on the device).
+traced at the bound fails (compile_pass.traced_ranges.admitted_values; each outcome is asserted on the device).
 
 Compiled through the backend's tracing (the range while Dynamo traces, the pass, the graph as captured) against
 eager over ragged extends; eager's writer raises where a row would need more columns than its table has.
@@ -21,7 +21,7 @@ import torch
 from torch.utils._sympy.functions import FloorDiv, PythonMod
 
 import compile_pass
-from compile_pass import _compat, tracing
+from compile_pass import _compat, traceable, traced_ranges, tracing
 from passlib import compile_traced
 
 PS = 64
@@ -118,7 +118,7 @@ def _reset():
 def _item_with(guards):
     graph = torch.fx.Graph()
     node = graph.placeholder("m")
-    node.meta[tracing.AT_BOUND] = [(f"traced: {g}", g) for g in guards]
+    node.meta[traced_ranges.AT_BOUND] = [(f"traced: {g}", g) for g in guards]
     return node
 
 
@@ -128,7 +128,7 @@ def _blocks_not_a_multiple(s):
 
 def test_admitted_values_are_the_range_less_where_a_traced_branch_fails():
     s = sympy.Symbol("u0", integer=True)
-    got = tracing.admitted_values(_item_with([_blocks_not_a_multiple(s)]), 300).tolist()
+    got = traced_ranges.admitted_values(_item_with([_blocks_not_a_multiple(s)]), 300).tolist()
     want = [m for m in range(301) if ((m + PS - 1) // PS) % LCM != 0]  # a plain loop
     assert got == want and 0 not in got and 256 not in got and 257 in got
 
@@ -136,21 +136,21 @@ def test_admitted_values_are_the_range_less_where_a_traced_branch_fails():
 def test_admitted_values_with_two_guards_and_a_negated_one():
     s = sympy.Symbol("u0", integer=True)
     guards = [_blocks_not_a_multiple(s), sympy.Not(sympy.StrictLessThan(s, 10))]
-    got = tracing.admitted_values(_item_with(guards), 300).tolist()
+    got = traced_ranges.admitted_values(_item_with(guards), 300).tolist()
     assert got == [m for m in range(10, 301) if ((m + PS - 1) // PS) % LCM != 0]
 
 
 def test_a_bound_too_large_to_enumerate_gives_no_values():
-    assert tracing.admitted_values(_item_with([]), tracing.ADMITTED_LIMIT) is None
-    assert tracing.admitted_values(_item_with([]), tracing.ADMITTED_LIMIT - 1).numel() == tracing.ADMITTED_LIMIT
+    assert traced_ranges.admitted_values(_item_with([]), traced_ranges.ADMITTED_LIMIT) is None
+    assert traced_ranges.admitted_values(_item_with([]), traced_ranges.ADMITTED_LIMIT - 1).numel() == traced_ranges.ADMITTED_LIMIT
 
 
 def test_a_guard_it_cannot_evaluate_narrows_nothing():
     s, t = sympy.Symbol("u0", integer=True), sympy.Symbol("u1", integer=True)
     full = list(range(301))
-    assert tracing.admitted_values(_item_with([]), 300).tolist() == full
-    assert tracing.admitted_values(_item_with([sympy.Ne(s, t)]), 300).tolist() == full  # two symbols
-    assert tracing.admitted_values(_item_with([sympy.Ne(sympy.sin(s), 0)]), 300).tolist() == full  # no spelling
+    assert traced_ranges.admitted_values(_item_with([]), 300).tolist() == full
+    assert traced_ranges.admitted_values(_item_with([sympy.Ne(s, t)]), 300).tolist() == full  # two symbols
+    assert traced_ranges.admitted_values(_item_with([sympy.Ne(sympy.sin(s), 0)]), 300).tolist() == full  # no spelling
 
 
 # -- the rule ------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_the_slack_is_the_minimum_over_the_values_a_traced_branch_admits():
 
 
 def _recording(monkeypatch):
-    import compile_pass.backend as backend_module
+    import compile_pass.pipeline as pipeline_module
     from compile_pass.sync_pass import SyncPass
 
     decisions = []
@@ -204,7 +204,7 @@ def _recording(monkeypatch):
             decisions.append([(i.reason_code, i.location) for i in result.kept])
             return result
 
-    monkeypatch.setattr(backend_module, "SyncPass", Recording)
+    monkeypatch.setattr(pipeline_module, "SyncPass", Recording)
     return decisions
 
 

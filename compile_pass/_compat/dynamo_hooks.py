@@ -1,0 +1,323 @@
+"""What the backend tells Dynamo while it traces: hooks at a captured `.item()`, at a data-dependent branch of
+the user's code, at a user class's construction and at a call of a torch.compiler.disable()d function; and the
+VariableTracker of a msgspec.Struct modelled as a plain container.
+
+Patches here (each installed once, marked with a `_syncfree_*` attribute; each dated: the torch versions it was
+checked on, what would remove it):
+  * on_captured_item wraps torch._dynamo.variables.tensor.TensorVariable.call_method. Checked on torch 2.11.0,
+    2.13.0, 2.14.1 (2026-12-04). Removed when Dynamo offers a hook at unbacked-symbol creation with the FX node.
+  * on_data_dependent_guard wraps SymNodeVariable.evaluate_expr. Checked on 2.11.0, 2.13.0, 2.14.1
+    (2026-12-04). Removed when Dynamo lets a backend give an unbacked symbol's range before tracing.
+  * on_user_class_call wraps UserDefinedClassVariable.call_function; on_disabled_call wraps
+    SkipFunctionVariable.call_function. Checked on 2.11.0, 2.13.0, 2.14.1 (2026-12-04). Removed when Dynamo
+    traces msgspec.Struct construction and lets a backend trace a torch.compiler.disable()d call as an op.
+The tests in tests/test_compat.py fail when a hook stops seeing what it models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+
+from .accessors import free_unbacked_symbols
+
+
+# What the backend gives Dynamo while it traces: a callback at each captured `.item()`, where a max of declared
+# lengths receives its value range (compile_pass.tracing). Tested in tests/test_tracing.py.
+_ITEM_HOOKS: list = []
+
+
+def on_captured_item(hook) -> None:
+    """Call `hook(item_node, value, root_code)` whenever Dynamo captures a `Tensor.item()` (also `int(t)`,
+    `t.__index__()`) into the graph: `item_node` is the FX node just created, `value` its fake SymInt / SymFloat,
+    `root_code` the code object of the frame Dynamo is compiling (the outermost one, inlined calls included).
+    Installed once (a wrapper around Dynamo's TensorVariable.call_method); the hook runs inside Dynamo's trace."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    if hook not in _ITEM_HOOKS:
+        _ITEM_HOOKS.append(hook)
+    if getattr(TensorVariable.call_method, "_syncfree_item_hook", False):
+        return
+    original = TensorVariable.call_method
+
+    def call_method(self, tx, name, *rest, **kw):
+        result = original(self, tx, name, *rest, **kw)
+        if name == "item" and _ITEM_HOOKS:
+            proxy = getattr(result, "proxy", None)
+            node = getattr(proxy, "node", None)
+            if isinstance(node, torch.fx.Node):
+                root = getattr(getattr(tx, "output", None), "root_tx", None)
+                for each in list(_ITEM_HOOKS):
+                    each(node, node.meta.get("example_value"), getattr(root, "f_code", None))
+        return result
+
+    call_method._syncfree_item_hook = True  # type: ignore[attr-defined]
+    TensorVariable.call_method = call_method
+
+
+def symbol_of(value):
+    """The sympy symbol behind an unbacked SymInt (u0), or None."""
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", None)
+    return expr if getattr(expr, "is_Symbol", False) else None
+
+
+_GUARD_HOOKS: list = []
+RETRY = object()  # a guard hook's answer: facts were added (a value range), evaluate the condition again
+
+
+def on_data_dependent_guard(hook) -> None:
+    """Call `hook(shape_env, expr)` where the user's code branches on a condition over unbacked symbols that
+    Dynamo cannot decide (`if blocks % lcm != 0:`, where it would break the graph). Only the user's own branches
+    (Dynamo's SymNodeVariable.evaluate_expr: `if`, `bool()`), not the guards torch evaluates internally (those
+    catch the error and take a general path). The hook returns None (the break stands), the value to trace
+    with, after recording a runtime assertion of it (`shape_env.guard_or_defer_runtime_assert`), or RETRY after
+    it added facts (`torch._check`) that may decide the condition: Dynamo then evaluates it again. Installed once."""
+    from torch._dynamo.variables.tensor import SymNodeVariable
+
+    if hook not in _GUARD_HOOKS:
+        _GUARD_HOOKS.append(hook)
+    if getattr(SymNodeVariable.evaluate_expr, "_syncfree_guard_hook", False):
+        return
+    original = SymNodeVariable.evaluate_expr
+
+    def evaluate_expr(self, *args, **kwargs):
+        for _attempt in range(3):  # a hook that returns RETRY has added facts: Dynamo evaluates again
+            try:
+                return original(self, *args, **kwargs)
+            except Exception:
+                node = getattr(getattr(self, "sym_num", None), "node", None)
+                shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+                if shape_env is None or expr is None or not free_unbacked_symbols(self.sym_num):
+                    raise
+                retry = False
+                for each in list(_GUARD_HOOKS):
+                    value = each(shape_env, expr)
+                    if value is RETRY:
+                        retry = True
+                        break
+                    if value is not None:
+                        return bool(value)
+                if not retry:
+                    raise
+        return original(self, *args, **kwargs)
+
+    evaluate_expr._syncfree_guard_hook = True  # type: ignore[attr-defined]
+    SymNodeVariable.evaluate_expr = evaluate_expr
+
+
+def shape_env_of(value):
+    """The ShapeEnv behind a SymInt / SymBool (None for a plain value)."""
+    return getattr(getattr(value, "node", None), "shape_env", None)
+
+
+def assert_at_runtime(shape_env, guard, message: str) -> str:
+    """Record `guard` (a sympy condition) as a runtime assertion of this trace (Dynamo puts it in the graph as
+    `_assert_scalar`); returns the condition as that assertion's message spells it."""
+    record = getattr(shape_env, "guard_or_defer_runtime_assert", None) or shape_env.defer_runtime_assert
+    record(guard, message)
+    return str(shape_env.simplify(guard))
+
+
+def discard_graph_breaks(since: int) -> None:
+    """Forget the graph breaks Dynamo recorded after the first `since`: those of a trace whose graph the backend
+    refused (tracing.Retrace), which never runs."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons as reasons
+    except ImportError:
+        return
+    del reasons[since:]
+
+
+# -- constructs that break the trace before any max (issue 30, item 3) ----------------------------------------
+# A msgspec.Struct built while Dynamo traces (Dynamo cannot allocate it: object.__new__ refuses an extension type),
+# and a torch.compiler.disable()d kernel launcher that the user registered with the schema of the op it is.
+# compile_pass.tracing decides what is modelled; here is only how Dynamo is told. Tested in tests/test_compat.py.
+_CLASS_CALL_HOOKS: list = []
+_DISABLED_CALL_HOOKS: list = []
+
+
+def unsupported(what: str, explanation: str):
+    """Make Dynamo break the graph here, as it does at what it cannot trace, with `what` as the break's type."""
+    from torch._dynamo.exc import unimplemented
+
+    try:
+        unimplemented(gb_type=what, context="", explanation=explanation, hints=[])
+    except TypeError:  # pragma: no cover - a torch whose unimplemented() takes a message
+        unimplemented(f"{what}: {explanation}")  # type: ignore[call-arg]
+
+
+def on_user_class_call(hook) -> bool:
+    """Call `hook(tx, cls, args, kwargs)` where Dynamo traces a call of a user-defined class `cls` (construction);
+    `args`/`kwargs` are Dynamo's VariableTrackers. It returns a VariableTracker for the new object, or None
+    (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function; returns False
+    (nothing installed: Dynamo breaks there as without it) on a torch without that class."""
+    return _hook_call_function("torch._dynamo.variables.user_defined", "UserDefinedClassVariable",
+                               "_syncfree_class_hook", _CLASS_CALL_HOOKS, hook,
+                               lambda variable: variable.value if isinstance(getattr(variable, "value", None), type)
+                               else None)
+
+
+def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, target_of) -> bool:
+    """Add `hook` to `hooks` and wrap Dynamo's `module.name.call_function` (a VariableTracker class) once: where
+    `target_of(variable)` names a target (not None), each of `hooks` sees `(tx, target, args, kwargs)` and may
+    return the call's VariableTracker; else, or when every hook returns None, Dynamo's own call_function runs.
+    False (nothing installed) on a torch without that class."""
+    import importlib
+
+    try:
+        owner = getattr(importlib.import_module(module), name, None)
+    except ImportError:  # pragma: no cover - every supported torch has both modules
+        owner = None
+    if owner is None:  # pragma: no cover - every supported torch has both classes
+        return False
+    if hook not in hooks:
+        hooks.append(hook)
+    if getattr(owner.call_function, marker, False):
+        return True
+    original = owner.call_function
+
+    def call_function(self, tx, args, kwargs):
+        target = target_of(self)
+        if target is not None:
+            for each in list(hooks):
+                made = each(tx, target, list(args), dict(kwargs))
+                if made is not None:
+                    return made
+        return original(self, tx, args, kwargs)
+
+    setattr(call_function, marker, True)
+    owner.call_function = call_function
+    return True
+
+
+def on_disabled_call(hook) -> bool:
+    """Call `hook(tx, fn, args, kwargs)` where Dynamo would skip a call of a torch.compiler.disable()d function
+    (a graph break): `fn` is the function the wrapper disables. It returns the VariableTracker of the call's
+    result (having traced something in its place), or None (the break stands). Installed once, around
+    SkipFunctionVariable.call_function; returns False (nothing installed) on a torch without that class."""
+    return _hook_call_function("torch._dynamo.variables.functions", "SkipFunctionVariable",
+                               "_syncfree_disabled_hook", _DISABLED_CALL_HOOKS, hook,
+                               lambda variable: disabled_target(getattr(variable, "value", None)))
+
+
+def disabled_target(fn):
+    """The function a torch.compiler.disable() wrapper calls, or None when `fn` is not such a wrapper."""
+    import inspect
+
+    if not inspect.getattr_static(fn, "_torchdynamo_disable", False):
+        return None
+    return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+
+
+def constant_of(vt) -> tuple[bool, Any]:
+    """(True, value) when Dynamo's VariableTracker `vt` is a Python constant (guarded where it has a source),
+    else (False, None)."""
+    try:
+        if vt.is_python_constant():
+            return True, vt.as_python_constant()
+    except Exception:  # noqa: BLE001  (a VariableTracker that cannot say)
+        pass
+    return False, None
+
+
+def is_tensor_variable(vt) -> bool:
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable)
+
+
+def constant_variable(value):
+    from torch._dynamo.variables import ConstantVariable
+
+    return ConstantVariable.create(value)
+
+
+def trace_call(tx, fn, args: list, kwargs: dict):
+    """Trace a call of `fn` (a torch op, or a Python function Dynamo inlines) with these VariableTrackers."""
+    from torch._dynamo.variables.builder import SourcelessBuilder
+
+    return SourcelessBuilder.create(tx, fn).call_function(tx, list(args), dict(kwargs))
+
+
+def build_struct(cls, names: tuple, *values):
+    """`cls(**dict(zip(names, values)))`: how a Struct modelled while tracing is built when it leaves the graph."""
+    return cls(**dict(zip(names, values)))
+
+
+_STRUCT_VARIABLE: list = []
+
+
+def struct_variable(cls, fields: dict):
+    """A Dynamo VariableTracker for a new instance of the msgspec.Struct class `cls` with these field values
+    (VariableTrackers, every field given): the plain attribute container a Struct is. Reading a field gives its
+    value; a method or property of the class is inlined with this object as `self`; anything else (setting an
+    attribute, comparing, hashing, ...) breaks the graph, where Dynamo builds the object with
+    `cls(**fields)` and Python runs the rest. Dynamo builds it that way wherever it leaves the graph, once per
+    object (a value used twice is kept in a temporary)."""
+    if not _STRUCT_VARIABLE:
+        _STRUCT_VARIABLE.append(_make_struct_variable_class())
+    return _STRUCT_VARIABLE[0](cls, dict(fields))
+
+
+def _make_struct_variable_class():
+    import inspect
+    import types
+
+    from torch._dynamo.bytecode_transformation import create_call_function
+    from torch._dynamo.variables.base import VariableTracker
+    from torch._dynamo.variables.functions import UserFunctionVariable, UserMethodVariable
+
+    class StructVariable(VariableTracker):
+        _nonvar_fields = {"cls", *VariableTracker._nonvar_fields}
+
+        def __init__(self, cls, fields: dict, **kwargs):
+            super().__init__(**kwargs)
+            self.cls = cls
+            self.fields = fields
+
+        def python_type(self):
+            return self.cls
+
+        def debug_repr(self):
+            return f"{self.cls.__name__}(<traced>)"
+
+        def __repr__(self):
+            return f"StructVariable({self.cls.__name__})"
+
+        def var_getattr(self, tx, name):
+            if name in self.fields:
+                return self.fields[name]
+            static = inspect.getattr_static(self.cls, name, None)
+            if isinstance(static, types.FunctionType):
+                return UserMethodVariable(static, self)
+            if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
+                return UserFunctionVariable(static.fget).call_function(tx, [self], {})
+            unsupported("syncfree: msgspec.Struct attribute",
+                        f"{self.cls.__name__}.{name} is not a field, a method or a property of the class")
+
+        def call_obj_hasattr(self, tx, name):
+            if name in self.fields:
+                return constant_variable(True)
+            return constant_variable(hasattr(self.cls, name))
+
+        def call_method(self, tx, name, args, kwargs):
+            static = inspect.getattr_static(self.cls, name, None)
+            if not name.startswith("__") and isinstance(static, types.FunctionType):
+                return UserFunctionVariable(static).call_function(tx, [self, *args], kwargs)
+            unsupported("syncfree: msgspec.Struct method",
+                        f"{self.cls.__name__}.{name}() is not modelled while tracing (it runs in Python)")
+
+        def reconstruct(self, codegen):
+            names = tuple(self.fields)
+            codegen.add_push_null(lambda: codegen.append_output(codegen.create_load_const_unchecked(build_struct)))
+            codegen.append_output(codegen.create_load_const_unchecked(self.cls))
+            codegen.append_output(codegen.create_load_const_unchecked(names))
+            for name in names:
+                codegen(self.fields[name])
+            codegen.extend_output(create_call_function(2 + len(names), False))
+
+    return StructVariable

@@ -1,0 +1,287 @@
+"""The graph-time half of the trace-time ranges: what the backend reads and settles on the Dynamo graph.
+
+compile_pass.tracing (the Dynamo-time half) gives a max of declared lengths its range while Dynamo traces and marks
+the `.item()` node with the keys below; this module works on the graph Dynamo handed the backend (the pipeline's
+steps, compile_pass/pipeline.py) and holds what the rules may read (`META`, `admitted_values`). Rules import this
+module, never the Dynamo-time one. compile_pass.tracing's docstring says why each step is sound.
+
+    strip_range_asserts   the range's two asserts out before the pass (the backend's bookkeeping, not the user's)
+    respell_widths        a width Dynamo spelled as an expression of the max, read back as `sym_size`
+    traced_at_bound       which maxima were traced with a branch at the bound (recorded before the pass)
+    settle_at_bound       after the pass: Retrace for a kept max of the root frame; device assertions otherwise
+    recheck_kept          a kept max's range checked again on the host, right after its `.item()`
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from . import _compat
+from .fx_util import insert_call, node_location
+from .normalize import ASSERTS, asserted_bound, max_source
+
+META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
+AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
+FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
+UNRANGED = "syncfree_unranged"  # on an `.item()` traced without the range, to compare: its line
+
+
+def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
+    """The graph input an `.item()` takes the full max of, or None."""
+    source = max_source(item.args[0]) if item.args else None
+    return source if isinstance(source, torch.fx.Node) and source.op == "placeholder" else None
+
+
+class Retrace(Exception):
+    """Raised by the backend where the pass kept a max of the compiled function's own frame that a retrace may
+    still get rewritten: `modes` maps its line to the next way to trace it (TracingPolicy.modes)."""
+
+    def __init__(self, modes: dict):
+        super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
+                                                             sorted(modes.items())) + " is kept; tracing again")
+        self.modes = dict(modes)
+
+
+def ranged_items(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if META in n.meta]
+
+
+def strip_range_asserts(graph: torch.fx.Graph) -> int:
+    """Erase the `_assert_scalar(u0 >= 0)` / `(u0 <= bound)` that the range put in the graph (and their
+    comparisons), so that the pass sees the graph a user's code gives; a max that only they used goes as well,
+    as Dynamo drops an unused one. Returns how many asserts went."""
+    erased = 0
+    for item in ranged_items(graph):
+        bound = item.meta[META][0]
+        texts = [text for text, _ in item.meta.get(AT_BOUND, ())]
+        for compare in list(item.users):
+            if asserted_bound(compare, item) not in (("lower", 0), ("upper", bound)):
+                erased += _strip_at_bound(graph, compare, texts)
+                continue
+            for check in list(compare.users):
+                if check.op == "call_function" and check.target in ASSERTS and not check.users:
+                    graph.erase_node(check)
+                    erased += 1
+            if not compare.users:
+                graph.erase_node(compare)
+        if not item.users:  # only the range used it: Dynamo drops an unused max, and so does this
+            receiver = item.args[0]
+            graph.erase_node(item)
+            if isinstance(receiver, torch.fx.Node) and not receiver.users:
+                graph.erase_node(receiver)
+    return erased
+
+
+def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]) -> int:
+    """Erase the asserts of a branch traced at the bound (their text names the guard) that `node` leads to, and
+    the arithmetic left dead by it."""
+    if not texts:
+        return 0
+    erased = 0
+    for user in list(node.users):
+        if user.op == "call_function" and user.target in ASSERTS and len(user.args) > 1 \
+                and any(f"expression {_spelled(t)} on node" in _spelled(str(user.args[1])) for t in texts):
+            graph.erase_node(user)
+            erased += 1
+        elif user.op == "call_function":
+            erased += _strip_at_bound(graph, user, texts)
+    if erased and not node.users and node.op == "call_function" and not _is_item(node):
+        graph.erase_node(node)
+    return erased
+
+
+def _spelled(text: str) -> str:
+    """A guard's text as either of its spellings: Dynamo records one condition as `PythonMod` before the range
+    is known and as `Mod` after (the same value for the non-negative operands the range gives)."""
+    return text.replace("PythonMod(", "Mod(")
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return META in node.meta
+
+
+def respell_widths(graph: torch.fx.Graph) -> int:
+    """With the range, Dynamo spells a table's width as an expression of the max (`u0`, or
+    `torch.sym_min(256, u0 + 2)` where it clamps) instead of a fresh symbol read back with `sym_size(t, 1)`.
+    The rules read SGLang's strided column index `t[:, torch.arange(0, t.shape[1], ps)]` in that spelling: an
+    `arange` end that equals a dimension of the tensor it indexes (for every value of its symbols) becomes that
+    `aten.sym_size.int(t, dim)`, the same value. Returns how many were respelled."""
+    ranged = {_compat.symbol_of(_compat.example_value(n)) for n in ranged_items(graph)}
+    if not ranged:
+        return 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    count = 0
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is torch.arange and len(node.args) >= 2):
+            continue
+        end = node.args[1]
+        value = _compat.example_value(end)
+        if not isinstance(value, torch.SymInt) or not _compat.free_unbacked_symbols(value) & ranged:
+            continue
+        indexed = [u.args[0] for u in node.users if u.op == "call_function" and u.target is operator.getitem
+                   and isinstance(u.args[0], torch.fx.Node) and order[u.args[0]] < order[node]]
+        found = next(((t, d) for t in indexed for d, size in enumerate(_compat.example_value(t).shape)
+                      if _compat.known_equal(size, value)), None)
+        if found is None:
+            continue
+        with graph.inserting_before(node):
+            size = graph.call_function(torch.ops.aten.sym_size.int, found)
+        size.meta["example_value"] = value
+        node.args = (node.args[0], size, *node.args[2:])
+        if isinstance(end, torch.fx.Node) and not end.users and end.target in (torch.sym_min, torch.sym_max):
+            graph.erase_node(end)
+        count += 1
+    return count
+
+
+def traced_at_bound(graph: torch.fx.Graph, mirrors: dict | None = None) -> list[tuple]:
+    """(item, lengths input, guards, after) of every ranged `.item()` whose frame was traced at the bound. `after`
+    is the last node before the `.item()` that may write the lengths (or, for a CPU mirror in `mirrors`, its
+    device twin) in place, None when none does: the device assertion of the outcomes is made after it, on the
+    values the max was taken over."""
+    from .mutations import WriteLog
+
+    found = [n for n in ranged_items(graph) if n.meta.get(AT_BOUND)]
+    if not found:
+        return []
+    log, first = WriteLog(graph), next(iter(graph.nodes))
+    return [(item, lengths_of(item), [g for _, g in item.meta[AT_BOUND]],
+             log.last_write([lengths_of(item), (mirrors or {}).get(lengths_of(item))], first, item)) for item in found]
+
+
+def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
+    """After the pass: a max of the compiled function's frame that the pass kept asks for the frame to be traced
+    again (Retrace) where that may change the outcome: without the range where the max is passed into a
+    compiled region, with the range only where a branch was traced at the bound; a rewritten one
+    traced at the bound gets each branch outcome it was traced with asserted on the device, on the max of its
+    lengths (the device twin of a CPU mirror). Returns how many device assertions were inserted."""
+    retrace = {}
+    for item in ranged_items(graph):  # kept: still in the graph
+        if FIRST not in item.meta:
+            continue
+        if _passed_into_a_region(item):
+            retrace[item.meta[FIRST]] = "unranged"
+        elif item.meta.get(AT_BOUND):
+            retrace[item.meta[FIRST]] = "final"
+    retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
+    if retrace:
+        raise Retrace(retrace)
+    count = 0
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    present = set(graph.nodes)
+    for item, lengths, guards, after in assumed:
+        lengths = mirrors.get(lengths) or lengths
+        # after the last in-place write of the lengths before the max: the values the max was taken over
+        anchor = after.next if after is not None and after in present else first
+        top = insert_call(graph, anchor, torch.amax, (lengths,), lengths)
+        for guard in guards:
+            holds = _device_value(graph, anchor, guard, top, lengths)
+            insert_call(graph, anchor, torch.ops.aten._assert_async.msg,
+                        (holds, f"syncfree: a branch at {node_location(item)} was traced with the outcome it "
+                                f"has at the bound ({guard}), and this step's max of the lengths does not give it"),
+                        lengths)
+            count += 1
+    return count
+
+
+ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (None)
+
+
+def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
+    """The values in [0, bound] that the max read by `item` can take in a step that runs: those where every branch
+    it was traced with at the bound has that outcome (settle_at_bound asserts each on the device when the max is
+    rewritten; a max with none gets no assertion and every value). A guard that cannot be evaluated here (not of
+    this one symbol, an operator this file does not spell) narrows nothing: the answer is then a superset of the
+    values, which is what a proof taking a minimum over them may use. None for a bound past ADMITTED_LIMIT."""
+    if bound + 1 > ADMITTED_LIMIT:
+        return None
+    values = torch.arange(0, bound + 1, dtype=torch.int64)
+    for _, guard in item.meta.get(AT_BOUND) or ():
+        symbols = list(getattr(guard, "free_symbols", None) or ())
+        if len(symbols) != 1:
+            continue
+        try:
+            holds = _host_value(guard, values)
+        except (NotImplementedError, TypeError, ValueError, RuntimeError):
+            continue
+        if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
+            values = values[holds.expand(values.shape)]
+    return values
+
+
+def _host_value(expr, values: torch.Tensor):
+    """The sympy expression `expr` of one symbol, evaluated at each of `values` (its ints as tensors)."""
+    def call(op, *args):
+        return op(*(a if isinstance(a, torch.Tensor) else torch.tensor(a) for a in args))
+
+    return _evaluate(expr, values, call, lambda x: isinstance(x, torch.Tensor))
+
+
+def _passed_into_a_region(item: torch.fx.Node) -> bool:
+    """With the range, Dynamo hands a compiled region (`invoke_subgraph`) the max itself where the width of a table
+    is an expression of it; without it, a fresh width symbol the rules read. Such a max is traced again without
+    the range."""
+    region = _compat.invoke_subgraph_op()
+    return region is not None and any(u.op == "call_function" and u.target is region for u in item.users)
+
+
+_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
+              "PythonMod": operator.mod, "Ne": operator.ne, "Equality": operator.eq, "Unequality": operator.ne,
+              "StrictLessThan": operator.lt, "LessThan": operator.le, "StrictGreaterThan": operator.gt,
+              "GreaterThan": operator.ge, "And": torch.logical_and, "Or": torch.logical_or, "Max": torch.maximum,
+              "Min": torch.minimum}
+
+
+def _device_value(graph, anchor, expr, value: torch.fx.Node, like: torch.fx.Node):
+    """The sympy expression `expr` of one symbol, computed with tensor ops on the device tensor `value`."""
+    return _evaluate(expr, value, lambda op, *args: insert_call(graph, anchor, op, args, like),
+                     lambda x: isinstance(x, torch.fx.Node))
+
+
+def _evaluate(expr, value, call, is_value):
+    """The sympy expression `expr` of one symbol, `value` standing for it: operations on Python ints folded, every
+    other one made by `call(op, *args)` (a graph node, or a tensor op on the host); `is_value` tells what `call`
+    made from a folded int. The one spelling of the guards, for the device assertion and the proof's domain."""
+    import sympy
+
+    if expr is sympy.true or expr is sympy.false:
+        return bool(expr)
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return value
+    name = type(expr).__name__
+    if name == "Not":
+        return call(torch.logical_not, _evaluate(expr.args[0], value, call, is_value))
+    if name not in _SYMPY_OPS:
+        raise NotImplementedError(f"no spelling for {name} in {expr}")
+    args = [_evaluate(a, value, call, is_value) for a in expr.args]
+    result = args[0]
+    for other in args[1:]:
+        if not is_value(result) and not is_value(other):
+            result = _SYMPY_OPS[name](result, other)
+            continue
+        if not is_value(result) and name in ("Add", "Mul"):
+            result, other = other, result
+        result = call(_SYMPY_OPS[name], result, other)
+    return result
+
+
+def recheck_kept(graph: torch.fx.Graph) -> int:
+    """Every ranged `.item()` still in the graph after the pass (a kept max) gets its range checked again, on
+    the host, right after it. Returns how many were re-checked."""
+    count = 0
+    for item in ranged_items(graph):
+        bound, text = item.meta[META]
+        anchor = item.next
+        for op, limit, words in ((operator.ge, 0, "is negative"), (operator.le, bound, f"exceeds {text}")):
+            with graph.inserting_before(anchor):
+                compare = graph.call_function(op, (item, limit))
+                graph.call_function(torch.ops.aten._assert_scalar.default,
+                                    (compare, f"syncfree: the max of the lengths {words}, the range it was "
+                                              f"traced with"))
+        count += 1
+    return count
