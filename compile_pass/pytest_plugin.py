@@ -4,7 +4,8 @@
         syncfree(decode_step, batch, k_pool, v_pool, max_context_len=32768)   # compile_pass.testing.assert_sync_free
 
 `pytest --syncfree-report syncfree.json` writes every step checked through the fixture (test id, outcome and the
-merged report of its graphs) as JSON, for CI artifacts; a check that failed is written too.
+merged report of its graphs) as JSON, for CI artifacts; a check that failed is written too, with its whole message
+(`error`). Each item's `stack` holds the user's frames only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def syncfree(request):
         try:
             result = assert_sync_free(fn, *args, **kwargs)
         except SyncCheckFailed as e:
-            results.append({**entry, "sync_free": False, "error": str(e).splitlines()[0], **e.result.to_dict()})
+            # The whole message (what failed and the report's table), as pytest shows it.
+            results.append({**entry, "sync_free": False, "error": str(e), **e.result.to_dict()})
             raise
         results.append({**entry, "sync_free": True, **result.to_dict()})
         return result

@@ -127,6 +127,36 @@ def test_pytest_plugin_fixture_and_report(pytester):
     data = json.loads(out.read_text())
     assert [(d["test"].split("::")[-1], d["sync_free"]) for d in data] == [("test_good", True), ("test_bad", False)]
     assert data[1]["report"]["kept"][0]["location"] == "test_steps.py:7"  # the `.item()` line of `bad`
+    # the whole failure message (what failed, and the report's table), not its first line
+    error = data[1]["error"]
+    assert error.startswith("the compiled step is not sync-free:\n") and "host sync point(s) kept" in error
+    assert "test_steps.py:7" in error and "sync points rewritten: 0, kept: 1" in error
+    # the user's frames only: the step's own line, no frame of compile_pass.testing
+    assert data[1]["report"]["kept"][0]["stack"] == ["test_steps.py:7 in bad"]
+
+
+class Step(torch.nn.Module):
+    def forward(self, fb):
+        m = fb.seq_lens.max().item()
+        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+
+def test_stacks_hold_the_user_s_frames_only():
+    """A module is called from a fresh wrapper (its own code object): that frame is not the user's, and is not
+    in the report's stacks."""
+    result = assert_sync_free(Step(), make_fb([3, 9, 5]), max_context_len=64)
+    (item,) = result.report.rewritten
+    assert item.stack and all(f.startswith("test_testing_helper.py:") for f in item.stack), item.stack
+    assert item.stack[-1].endswith("in forward")
+
+
+def test_an_already_compiled_step_is_checked_through_compile_with_one_line():
+    step = torch.compile(keeps_a_sync, backend="eager")
+    with pytest.warns(UserWarning, match="already compiled by torch.compile") as caught, \
+            pytest.raises(SyncCheckFailed, match="test_testing_helper.py:"):
+        assert_sync_free(step, make_fb([3, 9, 5]), max_context_len=64)
+    assert len([w for w in caught if "already compiled" in str(w.message)]) == 1
+    assert "\n" not in str(caught[0].message)
 
 
 def test_cuda_arguments_are_found_inside_batch_objects():

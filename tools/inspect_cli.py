@@ -99,80 +99,195 @@ def load_example(name: str):
     return fn, args, c.max_context_len, what
 
 
-def _compile_and_run(fn, args, backend, options, directory: Path, progress: Progress, label: str, name: str):
-    import torch
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
-    from compile_pass import _compat, log
-    from compile_pass.tools.dump import depyf_context, recording_backend, write_dump
 
-    graphs: list[str] = []
-    rewritten: list[str] = []
-    counters = _compat.graph_counters()
+def _one_line(text: str, limit: int = 200) -> str:
+    """A failure's message as one short line: Instruction(...) reprs shortened to their opname."""
+    text = re.sub(r"Instruction\(opcode=\d+, opname='(\w+)'[^)]*\)", r"\1", text.strip().splitlines()[0] if text.strip()
+                  else "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
-    def fresh_compile():
-        torch._dynamo.reset()
-        graphs.clear()
-        rewritten.clear()
-        extra = {"options": options} if options else {}  # a plain backend takes no options keyword
-        return torch.compile(fn, backend=recording_backend(backend, graphs, name), **extra)
 
-    def run(compiled):
-        # As decode runs: without autograd (a model with parameters would otherwise make AOT autograd trace a
-        # backward through custom ops that have no autograd formula).
-        with log.observing_rewrites(lambda _, after: rewritten.append(after.code)), _compat.no_compile_caches(), \
-                _compat.capture_scalar_outputs(), torch.no_grad():
-            return _compat.run_and_get_code(compiled, *args)
+def _depyf_output(captured: str, caught: list) -> tuple[str | None, str]:
+    """(one line on what depyf could not do, or None; the captured stderr that is not depyf's). depyf does not
+    raise where it cannot decompile a function Dynamo transformed: it warns and prints the traceback to stderr,
+    and leaves that function's source out of its dump."""
+    failed = any("problem when decompiling" in str(w.message) for w in caught)
+    depyf_traceback = "Traceback" in captured and "depyf" in captured
+    if not (failed or depyf_traceback):
+        return None, captured
+    where = re.search(r"Failed to decompile instruction .*? in (\S+)", captured)
+    last = _last_line(captured) if depyf_traceback else ""
+    what = _one_line(last.split(": ", 1)[1] if last.count(": ") and last.split(": ", 1)[0].endswith("Error") else last)
+    name = f" {where.group(1)}" if where else " a function Dynamo transformed"
+    return (f"depyf could not decompile{name} ({what or 'a decompilation error'}); that function's source is "
+            "missing from depyf's dump", "")
 
-    compiled = fresh_compile()
-    counters.clear()
+
+def _run_dumping(run, directory: Path, attempt):
+    """`run()` under depyf's dump into `directory`, once; where depyf raises, `attempt()` again without it.
+    Returns (what run returned, one line on depyf's problem or None)."""
+    import contextlib
+    import io
+
+    from compile_pass.tools.dump import depyf_context
+
     ctx, problem = depyf_context(directory)
-    progress.step(f"compiling {label} ...")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    if problem is not None:
+        return run(), problem
+    captured = io.StringIO()
+    stderr = sys.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
-            with ctx:
-                _, codes = run(compiled)
+            with contextlib.redirect_stderr(captured), ctx:
+                result = run()
         except Exception as e:
-            if problem is not None:
-                raise
-            problem = f"depyf failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-            compiled = fresh_compile()
-            _, codes = run(compiled)
-    diffs = write_dump(directory, graphs, codes, rewritten)
-    breaks = sum(counters["graph_break"].values())
-    return graphs, codes, breaks, problem, diffs
+            print(captured.getvalue(), end="", file=stderr)
+            text = str(e)
+            return attempt(), f"depyf failed ({type(e).__name__}: {text.splitlines()[0] if text else ''})"
+    problem, rest = _depyf_output(captured.getvalue(), caught)
+    if rest:
+        print(rest, end="", file=stderr)
+    return result, problem
 
 
-def inspect(fn, args, max_context_len, page_size, out: Path, strict: bool, progress: Progress) -> dict:
+def _new_breaks(before: int) -> list[dict]:
+    """The graph breaks Dynamo recorded since `before` (compile_pass._compat.graph_break_reasons): each with its
+    line and the first line of Dynamo's reason."""
+    from compile_pass import _compat
+
+    return [{"location": location, "reason": reason.strip().splitlines()[0] if reason.strip() else ""}
+            for reason, location in _compat.graph_break_reasons()[before:]]
+
+
+def _compile_stock(fn, args, directory: Path, progress: Progress):
+    """Stock Inductor (capture_scalar_outputs on, as the syncfree side): (Dynamo graphs, Inductor code, graph
+    breaks, depyf's problem)."""
+    import torch
     from torch._inductor.compile_fx import compile_fx
 
-    import compile_pass
-    from compile_pass.backend import syncfree_backend
-    from compile_pass.testing import host_reads_in_code as count_host_syncs
+    from compile_pass import _compat
+    from compile_pass.tools.dump import recording_backend, write_dump
+
+    graphs: list[str] = []
+    breaks: list[dict] = []
 
     def stock(gm, example_inputs):
         return compile_fx(gm, example_inputs)
 
-    _, before_codes, before_breaks, problem, _ = _compile_and_run(
-        fn, args, stock, None, out / "before", progress, "stock Inductor (capture_scalar_outputs)", "inductor")
+    def attempt():
+        torch._dynamo.reset()
+        graphs.clear()
+        compiled = torch.compile(fn, backend=recording_backend(stock, graphs, "inductor"))
+        seen = len(_compat.graph_break_reasons())
+        # As decode runs: without autograd (a model with parameters would otherwise make AOT autograd trace a
+        # backward through custom ops that have no autograd formula).
+        with _compat.no_compile_caches(), _compat.capture_scalar_outputs(), torch.no_grad():
+            _, codes = _compat.run_and_get_code(compiled, *args)
+        breaks[:] = _new_breaks(seen)
+        return codes
+
+    progress.step("compiling stock Inductor (capture_scalar_outputs) ...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        codes, problem = _run_dumping(attempt, directory, attempt)
+    write_dump(directory, graphs, codes)
+    return graphs, codes, breaks, problem
+
+
+def _compile_syncfree(fn, args, options: dict, directory: Path, progress: Progress):
+    """compile_pass.compile, as a user's code calls it (the same trace: ranges while Dynamo traces, registered
+    launchers and Structs, the retrace where a max is kept): (every graph's report, Inductor code, graph breaks,
+    depyf's problem, the rewrite's diffs). The graphs are those the backend handed the pass, as captured and
+    rewritten (compile_pass.log.observing_rewrites)."""
+    import torch
+
+    import compile_pass
+    from compile_pass import _compat, log
+    from compile_pass.tools.dump import write_dump
+
+    captured: list[str] = []
+    rewritten: list[str] = []
+    breaks: list[dict] = []
+    step_reports: list = []
+
+    def observe(before, after):
+        captured.append(before.code)
+        rewritten.append(after.code)
+
+    def attempt():
+        torch._dynamo.reset()
+        captured.clear()
+        rewritten.clear()
+        compiled = compile_pass.compile(fn, **options)
+        seen = len(_compat.graph_break_reasons())
+        with log.observing_rewrites(observe), _compat.no_compile_caches(), torch.no_grad():
+            _, codes = _compat.run_and_get_code(compiled, *args)
+        breaks[:] = _new_breaks(seen)
+        step_reports[:] = compile_pass.reports(compiled)
+        return codes
+
+    progress.step("compiling through compile_pass.compile (backend 'syncfree') ...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        codes, problem = _run_dumping(attempt, directory, attempt)
+    diffs = write_dump(directory, captured, codes, rewritten)
+    return step_reports, codes, breaks, problem, diffs
+
+
+def inspect(fn, args, max_context_len, page_size, out: Path, strict: bool, progress: Progress) -> dict:
+    import compile_pass
+    from compile_pass.testing import host_reads_in_code as count_host_syncs
+
+    fn, note = compiled_note(fn)
+    _, before_codes, before_breaks, before_problem = _compile_stock(fn, args, out / "before", progress)
     options = {"max_context_len": max_context_len, "page_size": page_size, "strict": strict}
     options = {k: v for k, v in options.items() if v is not None}
-    seen = len(compile_pass.reports())
-    _, after_codes, after_breaks, _, diffs = _compile_and_run(
-        fn, args, syncfree_backend, options, out / "after", progress, "backend='syncfree'", "syncfree")
+    step_reports, after_codes, after_breaks, after_problem, diffs = _compile_syncfree(fn, args, options,
+                                                                                     out / "after", progress)
     (out / "rewrite.diff").write_text("".join(diffs))
     # Every graph's report (a step split by graph breaks has several), merged.
-    report = compile_pass.SyncReport.merge(compile_pass.reports()[seen:])
+    report = compile_pass.SyncReport.merge(step_reports)
     data = report.to_dict()
     data["host_syncs_in_inductor_code"] = {"before": count_host_syncs(before_codes),
                                            "after": count_host_syncs(after_codes)}
-    data["graph_breaks"] = {"before": before_breaks, "after": after_breaks}
+    # What Dynamo recorded on each side (compile_pass._compat.graph_break_reasons), not a guess.
+    data["graph_breaks"] = {"before": len(before_breaks), "after": len(after_breaks),
+                            "at": {"before": before_breaks, "after": after_breaks}}
+    data["graphs"] = {"after": len(step_reports)}
     data["dump_dir"] = str(out)
     data["dumps"] = {"before": str(out / "before"), "after": str(out / "after"), "diff": str(out / "rewrite.diff")}
     data["graphs_changed_by_the_pass"] = sum(1 for d in diffs if d)
-    data["depyf"] = {"used": problem is None, "problem": problem}
+    data["depyf"] = depyf_summary(before_problem, after_problem)
+    data["note"] = note
     data["table"] = str(report)
     return data
+
+
+def depyf_summary(stock: str | None, syncfree: str | None) -> dict:
+    """report.json's `depyf`: used (False where it is missing or raised, and the dump was made without it) and
+    its problem in one line (one per side where the sides differ)."""
+    found = {side: p for side, p in (("stock", stock), ("syncfree", syncfree)) if p}
+    if not found:
+        return {"used": True, "problem": None}
+    if len(found) == 2 and stock == syncfree:
+        problem = stock
+    else:
+        problem = "; ".join(f"{side} side: {p}" for side, p in found.items())
+    unused = any(p.startswith(("depyf is not installed", "depyf failed")) for p in found.values())
+    return {"used": not unused, "problem": problem}
+
+
+def compiled_note(fn):
+    """A target whose function is already compiled: its original function, and one line saying so."""
+    from compile_pass.testing import ALREADY_COMPILED, uncompiled
+
+    fn, by = uncompiled(fn)
+    return fn, (ALREADY_COMPILED.format(what="TARGET's function", by=by) if by else None)
 
 
 def _first_cause(e: BaseException) -> str:
@@ -202,8 +317,12 @@ def render(data: dict) -> str:
              f"graph breaks:                 before {breaks['before']}  ->  after {breaks['after']}",
              f"dumps: {data['dumps']['before']} (stock), {data['dumps']['after']} (syncfree: as captured, "
              f"rewritten, and their diff {data['dumps']['diff']}); report: {data['dump_dir']}/report.md, report.json"]
+    if data.get("note"):
+        lines.insert(1, f"note: {data['note']}")
     if not data["depyf"]["used"]:
         lines.append(f"note: {data['depyf']['problem']}; the FX graphs and Inductor code were dumped without it")
+    elif data["depyf"]["problem"]:
+        lines.append(f"note: {data['depyf']['problem']}")
     if data.get("example"):  # the built-in model: what the same rewrite buys at scale
         lines.append("what it buys on a GPU (an H200, a Llama-3-8B-shaped model: the step as one CUDA graph, 3.2x "
                      f"the tokens/s of stock torch.compile at batch 1): {benchmarks_pointer()}")
