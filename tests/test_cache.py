@@ -150,6 +150,128 @@ def test_foreign_damaged_and_missing_files_warn_and_load_nothing(tmp_path):
 
 
 
+# -- the options, rules and versions a file was built with (issue 44, item 2; no compile) -------------------------
+def _header(path) -> dict:
+    raw = pathlib.Path(path).read_bytes()
+    start = len(cache.MAGIC) + 8
+    (size,) = struct.unpack("<Q", raw[len(cache.MAGIC):start])
+    return json.loads(raw[start:start + size])
+
+
+@pytest.fixture
+def built_at_64(tmp_path, monkeypatch):
+    """An artifacts file saved by a process whose only syncfree compiles used max_context_len=64 (torch's part
+    stubbed: no compile)."""
+    from compile_pass import _compat
+    from compile_pass import report as report_module
+
+    graphs = [compile_pass.SyncReport(options=SyncfreeOptions.from_dict({"max_context_len": 64}).to_dict())] * 2
+    monkeypatch.setattr(report_module, "_ALL", __import__("collections").deque(graphs))
+    monkeypatch.setattr(_compat, "save_cache_artifacts", lambda: b"torch bytes")
+    monkeypatch.setattr(_compat, "load_cache_artifacts", lambda blob: {"inductor": 1})
+    return cache.save_artifacts(tmp_path / "a.bin")
+
+
+def test_a_saved_file_records_its_options_rules_and_versions(built_at_64):
+    from compile_pass.rules import rules_fingerprint
+
+    header = _header(built_at_64.path)
+    at_64 = cache.normalized_options({"max_context_len": 64})
+    assert header["options"] == [at_64] and built_at_64.options == [at_64]  # one entry per distinct option set
+    assert header["rules"] == rules_fingerprint() and header["format"] == cache.FORMAT == 3
+    assert {"torch", "triton", "python", "cuda", "torch_syncfree_source"} <= set(header)
+    info = cache.load_artifacts(built_at_64.path)  # no options given: loaded, and info says what it was built with
+    assert info and info.options == [at_64] and info.built_by["rules"] == rules_fingerprint()
+
+
+def test_artifacts_built_with_other_options_are_refused(built_at_64):
+    path = built_at_64.path
+    with pytest.warns(cache.ArtifactsMismatch, match=r"other options: max_context_len 64 \(this step: 128\); "
+                                                     "the step compiles as without them"):
+        info = cache.load_artifacts(path, options={"max_context_len": 128})
+    assert not info and info.reason == "built with other options: max_context_len 64 (this step: 128)"
+    assert info.options == [cache.normalized_options({"max_context_len": 64})]
+    with pytest.raises(cache.ArtifactsError, match=r"checked True \(this step: False\)") as raised:
+        cache.load_artifacts(path, strict=True, options={"max_context_len": 64, "checked": False})
+    assert "compiles as without them" not in str(raised.value)  # it raised: nothing compiles
+    assert cache.load_artifacts(path, strict=True, options={"max_context_len": 64})  # the same options: loads
+
+
+def test_a_file_of_other_rules_or_versions_is_refused(tmp_path):
+    for field, value in (("rules", "0" * 64), ("torch_syncfree_source", "1" * 64)):
+        info = _refused(_forge(tmp_path / f"{field}.bin", **{field: value}), f"{field} '{value[:12]}\\.\\.\\.'")
+        assert info.built_by[field] == value
+    with pytest.raises(cache.ArtifactsError) as raised:
+        cache.load_artifacts(tmp_path / "missing.bin", strict=True)
+    assert "compiles as without them" not in str(raised.value)
+
+
+class _LoadedFunction:
+    """What torch's load_compiled_function returns, as far as LoadedStep uses it."""
+
+    def disable_guard_check(self):
+        pass
+
+    def guard_check(self, *args, **kwargs):
+        return True
+
+    def __call__(self, *args):
+        return "the saved step"
+
+
+def _step_file(path, options) -> pathlib.Path:
+    return _forge(path, kind=cache.STEP, options=[cache.normalized_options(o) for o in options])
+
+
+def test_load_compiled_refuses_a_step_built_with_the_fallback_s_other_options(tmp_path, monkeypatch):
+    """The issue's case: saved at max_context_len=64, loaded with a fallback compiled at 128. A length of 100 would
+    then raise in the saved step: the file is refused and every call goes to the fallback."""
+    from compile_pass import _compat
+
+    monkeypatch.setattr(_compat, "aot_compile_supported", lambda: None)
+    monkeypatch.setattr(_compat, "load_compiled_function_bytes", lambda blob: _LoadedFunction())
+    path = _step_file(tmp_path / "step.aot", [{"max_context_len": 64}])
+    at_128 = compile_pass.compile(_decode, max_context_len=128)  # not called: no compile
+    with pytest.warns(cache.ArtifactsMismatch, match=r"max_context_len 64 \(this step: 128\).*calls go to the "
+                                                     "fallback compile"):
+        step = cache.load_compiled(path, at_128)
+    assert step.compiled is None and step.fallback is at_128 and not step.info.loaded
+    assert step.info.reason == "built with other options: max_context_len 64 (this step: 128)"
+    assert step.info.options == [cache.normalized_options({"max_context_len": 64})]
+    by_name = torch.compile(_decode, backend="syncfree", options={"max_context_len": 128})  # the same, by name
+    with pytest.raises(cache.ArtifactsError, match="max_context_len 64") as raised:
+        cache.load_compiled(path, by_name, strict=True)
+    assert "fallback" not in str(raised.value)  # it raised: no call goes anywhere
+    with pytest.warns(cache.ArtifactsMismatch, match="cudagraphs False"):
+        cache.load_compiled(path, lambda *a: None, options={"max_context_len": 64, "cudagraphs": True})
+    # The same options (from the fallback, or given): it loads.
+    same = cache.load_compiled(path, compile_pass.compile(_decode, max_context_len=64))
+    assert same.info.loaded and same() == "the saved step"
+    assert cache.load_compiled(path, options={"max_context_len": 64}).info.loaded
+    # A fallback whose options are unknown (a plain function): nothing to compare, it loads.
+    assert cache.load_compiled(path, _decode).info.loaded
+
+
+def test_an_aot_compiled_step_records_its_options_and_refuses_other_ones(tmp_path):
+    from compile_pass import _compat
+
+    if _compat.aot_compile_supported() is not None:
+        pytest.skip(_compat.aot_compile_supported())
+    args = _inputs()
+    aot = cache.aot_compile(_decode, args, max_context_len=64)
+    saved = aot.save_compiled_function(tmp_path / "step.aot")
+    assert saved.options == [cache.normalized_options({"max_context_len": 64})]
+    assert _header(tmp_path / "step.aot")["options"] == saved.options
+    fallback = compile_pass.compile(_decode, max_context_len=128)
+    with pytest.warns(cache.ArtifactsMismatch, match="max_context_len 64"):
+        step = cache.load_compiled(tmp_path / "step.aot", fallback)
+    g = torch.Generator().manual_seed(1)  # a token table 128 wide: a length of 100 fits the fallback's bound only
+    q, k, v = torch.randn(3, 1, 4, 8, generator=g), torch.randn(192, 4, 2, 8, generator=g), torch.randn(192, 4, 2, 8)
+    long = (q, k, v, torch.randperm(6 * 128, generator=g).to(torch.int32).view(6, 128), torch.tensor([4, 1, 2]),
+            torch.tensor([100, 9, 5]))
+    torch.testing.assert_close(step(*long), _decode(*long))
+
+
 # -- the Triton binaries of the package's own kernels (no compile: Triton's cache entries made as it makes them) ---
 def _triton_entry(kernel, tag: bytes, cache_hit=None):
     """A Triton cache entry of `kernel` in TRITON_CACHE_DIR, written as triton.compiler.compile writes one
