@@ -19,26 +19,31 @@ After (max_context_len=4096, B = 8):
 
     kv_indices = torch.empty(32768, dtype=torch.int32, device=device(type='cuda'))   # [B * 4096]
     _assert_async_msg = ...(all(0 <= l_fb_seq_lens <= 4096), ...)                    # checked
+    _assert_async_msg_1 = ...(sum(l_fb_seq_lens) == l_fb_seq_lens_sum, ...)          # checked: the declaration
     torch.ops.syncfree.kv_indices(kv_indices, ...)                                  # unchanged
     out = torch.ops.mylib.flat_attention(q, k, v, kv_indices, kv_indptr, l_fb_seq_lens)
 
 The proof is the flat-buffer family's (rules/flat_buffer.py): every use of the int is the size of a 1-D buffer
 that one registered writer fills through an indptr of the declared lengths and only registered readers read
 through it. The writer writes [indptr[b], indptr[b] + len_b) whatever the buffer's size, so a buffer at least as
-large as the sum holds what eager's held; the declaration says which lengths the sum is of (the rewrite's
-correctness does not rest on the int's value: nothing reads the buffer's size). Anything else keeps the int.
+large as the sum holds what eager's held; the declaration says which lengths the sum is of. Eager sizes its buffer
+by the int: where the int is not that sum, eager's buffer differs (too small: the writer stops at its end and the
+readers read other entries), so the rewrite equals eager only under the declaration. `checked=True` asserts it on
+the device (`sum(lengths) == int`, the int a scalar input of the graph: no host read), with the lengths' range.
+Anything else keeps the int.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import torch.fx
 
 from .._compat import example_value, placeholder_source_name
 from ..find_sync_points import SyncPoint, attribute_name
-from ..fx_util import code_line, node_location
+from ..fx_util import code_line, insert_call, node_location
 from ..normalize import INT_DTYPES, dtype_of
 from ..proof import ProofContext, Unsafe, declare_reasons
 from . import Option, register_rule
@@ -127,7 +132,31 @@ class HostSums:
         first = min((b.alloc for b in plan.buffers), key=order.get)
         if options.checked:
             assert_lengths_within(graph, plan, first, "the declared host sum")
+            assert_declared_sum(graph, plan, first)
         parts = resize_buffers(graph, plan, first, plan.point.value)
         if options.checked:
             parts.append("lengths asserted on the device")
-        return "rewritten: " + "; ".join(parts)  # the int stays a graph input, unused: a host value, no sync
+            parts.append(f"{_user_name(plan.point.value)} == sum({_user_name(plan.lengths)}) asserted on the "
+                         "device")
+        # The int stays a graph input: a host value, no sync (under checked, only the assertion reads it).
+        return "rewritten: " + "; ".join(parts)
+
+
+def _user_name(node: torch.fx.Node) -> str:
+    """A graph input as the user's code names it (`fb.seq_lens_sum`), not as Dynamo does (`l_fb_seq_lens_sum`)."""
+    source = placeholder_source_name(node)
+    if not source:
+        return node.name
+    return re.sub(r"^[LG]\['([^']*)'\]", r"\1", source)
+
+
+def assert_declared_sum(graph: torch.fx.Graph, plan: HostSumPlan, first: torch.fx.Node) -> None:
+    """checked: the declared premise, on the device: sum(lengths) equals the host int (the int goes in as a
+    scalar: no host read). A step whose scheduler published another sum raises instead of running with a buffer
+    eager would have sized otherwise; any step whose int is the sum, as declared, passes."""
+    total = insert_call(graph, first, torch.ops.aten.sum.default, (plan.lengths,), first)
+    same = insert_call(graph, first, torch.ops.aten.eq.Scalar, (total, plan.point.value), first)
+    host, lengths = _user_name(plan.point.value), _user_name(plan.lengths)
+    insert_call(graph, first, torch.ops.aten._assert_async.msg,
+                (same, f"syncfree: {host} is not sum({lengths}) at {plan.point.location}: options['host_sums'] "
+                       f"declares it equal, and the flat buffer it sized is rewritten on that premise"), first)

@@ -93,7 +93,54 @@ def test_declared_host_sum_sizes_the_buffer_statically():
     (alloc,) = allocations(backend.graphs[-1])
     assert alloc.args[0] == 4 * MCL and alloc.meta["example_value"].shape == (4 * MCL,)
     placeholder = next(n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder" and "sum" in n.name)
-    assert not placeholder.users  # the buffer no longer follows the int
+    # the buffer no longer follows the int: only the device assertion of the declaration reads it (checked)
+    assert [u.target for u in placeholder.users] == [torch.ops.aten.eq.Scalar]
+    assert "fb.seq_lens_sum == sum(fb.seq_lens) asserted on the device" in item.reason, item.reason
+
+
+def test_unchecked_the_int_is_read_by_nothing():
+    backend = compare(decode, length_vectors(3, 3, seed=4), host_sums={"seq_lens_sum": "seq_lens"}, checked=False)
+    (item,) = backend.reports[-1].rewritten
+    assert "asserted" not in item.reason, item.reason
+    placeholder = next(n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder" and "sum" in n.name)
+    assert not placeholder.users
+
+
+def _wrong_sums(lengths) -> list[int]:
+    """Host ints that are not sum(lengths) (never negative: a scheduler's count)."""
+    total = sum(lengths)
+    return [t for t in (total - 1, total + 1, total + 64, 0 if total else 5) if t >= 0 and t != total]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 6])
+def test_checked_asserts_the_declared_sum_on_the_device(batch_size):
+    """Over random vectors: the compiled step equals eager where the int is the sum (never raises: each length in
+    [0, bound] with its sum), and raises where it is not, whether eager's buffer would have been too small (eager
+    reads past it) or too large (eager runs): the rewrite rests on the declaration, and checked asserts it."""
+    backend = Rewriting(max_context_len=MCL, host_sums={"seq_lens_sum": "seq_lens"})
+    compiled = torch.compile(decode, backend=backend, fullgraph=True)
+    vectors = length_vectors(batch_size, 12, seed=10 + batch_size)
+    for n, lengths in enumerate(vectors):
+        torch.testing.assert_close(compiled(batch(lengths, seed=n), VALUES), decode(batch(lengths, seed=n), VALUES))
+    assert backend.reports[-1].rewritten and len(backend.graphs) == 2, str(backend.reports[-1])
+    checked = 0
+    for n, lengths in enumerate(vectors):
+        for wrong in _wrong_sums(lengths):
+            fb = dataclasses.replace(batch(lengths, seed=n), seq_lens_sum=wrong)
+            with pytest.raises(RuntimeError, match=r"syncfree: fb\.seq_lens_sum is not sum\(fb\.seq_lens\) at "
+                                                   r"test_host_sums\.py:\d+: options\['host_sums'\] declares it"):
+                compiled(fb, VALUES)
+            checked += 1
+    assert checked >= 3 * len(vectors) and len(backend.graphs) == 2  # no recompile for a wrong int either
+
+
+def test_unchecked_a_wrong_sum_is_the_user_s_promise():
+    backend = Rewriting(max_context_len=MCL, host_sums={"seq_lens_sum": "seq_lens"}, checked=False)
+    compiled = torch.compile(decode, backend=backend, fullgraph=True)
+    compiled(batch([3, 9, 5]), VALUES)
+    compiled(batch([4, 9, 5]), VALUES)
+    fb = dataclasses.replace(batch([4, 9, 5]), seq_lens_sum=100)
+    torch.testing.assert_close(compiled(fb, VALUES), decode(batch([4, 9, 5]), VALUES))  # no assertion, no raise
 
 
 def test_without_the_declaration_the_size_follows_the_int():
@@ -190,3 +237,7 @@ def test_through_the_backend_by_name():
         torch.testing.assert_close(step(batch(lengths, seed=n), VALUES), decode(batch(lengths, seed=n), VALUES))
     merged = compile_pass.SyncReport.merge(compile_pass.reports(step))
     assert any(i.rule == "host_sums" for i in merged.rewritten), str(merged)
+    # Through Inductor too: the declaration is asserted on the device (the int a scalar input of the kernel)
+    with pytest.raises(RuntimeError, match="seq_lens_sum is not sum"):
+        step(dataclasses.replace(batch([7, 0, 2]), seq_lens_sum=8), VALUES)
+    assert merged.post_grad is None or not merged.post_grad["local_scalar_dense"]
