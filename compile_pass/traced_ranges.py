@@ -20,13 +20,14 @@ import torch
 import torch.fx
 
 from . import _compat
-from .fx_util import insert_call, node_location
+
 from .normalize import ASSERTS, asserted_bound, max_source
 
 META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
 AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
 FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
 UNRANGED = "syncfree_unranged"  # on an `.item()` traced without the range, to compare: its line
+OTHER = "syncfree_other"  # on a ranged `.item()` traced with the other outcome: the first trace's rewritten graph
 
 
 def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
@@ -36,13 +37,15 @@ def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
 
 
 class Retrace(Exception):
-    """Raised by the backend where the pass kept a max of the compiled function's own frame that a retrace may
-    still get rewritten: `modes` maps its line to the next way to trace it (TracingPolicy.modes)."""
+    """Raised by the backend where the frame of the compiled function must be traced again (nothing of the call has
+    run): `modes` maps an `.item()` line to the next way to trace it (tracing.TracingPolicy.modes), `evidence` a
+    line to what the next trace is compared with (the rewritten graph of the bound's outcome, for mode "other")."""
 
-    def __init__(self, modes: dict):
+    def __init__(self, modes: dict, evidence: dict | None = None):
         super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
-                                                             sorted(modes.items())) + " is kept; tracing again")
+                                                             sorted(modes.items())) + " is traced again")
         self.modes = dict(modes)
+        self.evidence = dict(evidence or {})
 
 
 def ranged_items(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -153,12 +156,19 @@ def traced_at_bound(graph: torch.fx.Graph, mirrors: dict | None = None) -> list[
 
 
 def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
-    """After the pass: a max of the compiled function's frame that the pass kept asks for the frame to be traced
-    again (Retrace) where that may change the outcome: without the range where the max is passed into a
-    compiled region, with the range only where a branch was traced at the bound; a rewritten one
-    traced at the bound gets each branch outcome it was traced with asserted on the device, on the max of its
-    lengths (the device twin of a CPU mirror). Returns how many device assertions were inserted."""
-    retrace = {}
+    """After the pass, for the maxima of the compiled function's own frame (nothing of the call has run, so the
+    frame may be traced again: Retrace):
+      - a kept max is traced again without the range where it is passed into a compiled region, and with the
+        range only (no branch decided at the bound: Dynamo breaks there as without the backend) where a branch
+        was traced at the bound;
+      - a rewritten max whose frame was traced with one branch at the bound's outcome is traced again with the
+        other outcome (mode "other"); the two rewritten graphs must be the same graph (graph_signature), and
+        then that graph computes eager's values for every max in [0, bound] (each trace is eager's computation
+        for the maxima that take its outcome, and each rewrite is proven for them), with no assertion on the
+        outcome: a valid length never raises. Two graphs that differ, several branches, or several such maxima
+        (their combinations are not all traced) are traced again with the range only.
+    Nothing is inserted: returns 0."""
+    retrace, evidence = {}, {}
     for item in ranged_items(graph):  # kept: still in the graph
         if FIRST not in item.meta:
             continue
@@ -169,22 +179,52 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
     retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
     if retrace:
         raise Retrace(retrace)
-    count = 0
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    present = set(graph.nodes)
-    for item, lengths, guards, after in assumed:
-        lengths = mirrors.get(lengths) or lengths
-        # after the last in-place write of the lengths before the max: the values the max was taken over
-        anchor = after.next if after is not None and after in present else first
-        top = insert_call(graph, anchor, torch.amax, (lengths,), lengths)
-        for guard in guards:
-            holds = _device_value(graph, anchor, guard, top, lengths)
-            insert_call(graph, anchor, torch.ops.aten._assert_async.msg,
-                        (holds, f"syncfree: a branch at {node_location(item)} was traced with the outcome it "
-                                f"has at the bound ({guard}), and this step's max of the lengths does not give it"),
-                        lengths)
-            count += 1
-    return count
+    signature = graph_signature(graph) if assumed else ""
+    for item, _lengths, guards, _after in assumed:
+        line = item.meta[FIRST]
+        if len(assumed) > 1 or len(guards) != 1:
+            retrace[line] = "final"
+        elif OTHER not in item.meta:
+            retrace[line], evidence[line] = "other", signature
+        elif item.meta[OTHER] != signature:
+            retrace[line] = "final"
+    if retrace:
+        raise Retrace(retrace, evidence)
+    return 0
+
+
+def graph_signature(graph: torch.fx.Graph) -> str:
+    """The graph as text with nothing but what it computes: each node's op, target, and arguments (other nodes by
+    position, constants by repr), compiled regions' bodies included; no names, no meta. Two traces of one frame
+    compute the same thing where their signatures are equal."""
+    index: dict = {}
+
+    def arg(a) -> str:
+        if isinstance(a, torch.fx.Node):
+            return f"%{index[a]}"
+        if isinstance(a, (list, tuple)):
+            return type(a).__name__ + "(" + ", ".join(arg(x) for x in a) + ")"
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{k!r}: {arg(v)}" for k, v in a.items()) + "}"
+        if isinstance(a, slice):
+            return f"slice({arg(a.start)}, {arg(a.stop)}, {arg(a.step)})"
+        return repr(a)
+
+    lines = []
+    owner = graph.owning_module
+    for node in graph.nodes:
+        index[node] = len(index)
+        target = node.target if isinstance(node.target, str) else \
+            f"{getattr(node.target, '__module__', '')}.{getattr(node.target, '__qualname__', node.target)}"
+        line = f"{node.op} {target} {arg(node.args)} {arg(node.kwargs)}"
+        if node.op == "placeholder":
+            line = f"placeholder {index[node]}"
+        if node.op == "get_attr" and owner is not None:
+            body = getattr(owner, str(node.target), None)
+            if isinstance(body, torch.fx.GraphModule):
+                line = "get_attr {" + graph_signature(body.graph).replace("\n", "; ") + "}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (None)
@@ -233,12 +273,6 @@ _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.flo
               "StrictLessThan": operator.lt, "LessThan": operator.le, "StrictGreaterThan": operator.gt,
               "GreaterThan": operator.ge, "And": torch.logical_and, "Or": torch.logical_or, "Max": torch.maximum,
               "Min": torch.minimum}
-
-
-def _device_value(graph, anchor, expr, value: torch.fx.Node, like: torch.fx.Node):
-    """The sympy expression `expr` of one symbol, computed with tensor ops on the device tensor `value`."""
-    return _evaluate(expr, value, lambda op, *args: insert_call(graph, anchor, op, args, like),
-                     lambda x: isinstance(x, torch.fx.Node))
 
 
 def _evaluate(expr, value, call, is_value):

@@ -64,7 +64,7 @@ import torch.fx
 from . import _compat, bounds, traceable
 from .find_sync_points import attribute_name
 from .fx_util import node_location
-from .traced_ranges import AT_BOUND, FIRST, META, UNRANGED, Retrace, lengths_of
+from .traced_ranges import AT_BOUND, FIRST, META, OTHER, UNRANGED, Retrace, lengths_of
 
 
 
@@ -74,6 +74,7 @@ class TracingPolicy:
     `root_code`: the code object of the compiled function. While Dynamo compiles that frame nothing of the call
     has run yet, so the backend may have it traced again (Retrace). `modes` is where each `.item()` line is on
     the way there: absent (the range, and a differing branch traced at the bound under `checked=True`),
+    "other" (the same, with that branch's other outcome: `evidence[line]` is the first trace's rewritten graph),
     "unranged" (the frame as Dynamo traces it without the backend), "final" (the range only, for good)."""
 
     def __init__(self, opts, root_code=None):
@@ -81,6 +82,7 @@ class TracingPolicy:
         self.checked = opts.checked
         self.root_code = root_code
         self.modes: dict[str, str] = {}
+        self.evidence: dict[str, str] = {}  # line -> the rewritten graph of the bound's outcome (mode "other")
 
     @classmethod
     def from_options(cls, opts, fn=None) -> "TracingPolicy":
@@ -123,6 +125,8 @@ def _on_item(item: torch.fx.Node, value, root_code) -> None:
         if root:
             item.meta[UNRANGED] = line
         return
+    if mode == "other" and root:
+        item.meta[OTHER] = policy.evidence.get(line)
     _RANGEABLE[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (value, item, found, root, mode,
                                                                                 policy.checked)
 
@@ -135,7 +139,7 @@ def _give_range(value, item: torch.fx.Node, found: tuple[int, str], root: bool, 
     torch._check(value >= 0)
     torch._check(value <= bound)
     item.meta[META] = (bound, text)
-    if root and mode is None:
+    if root and mode in (None, "other"):
         item.meta[FIRST] = node_location(item)
         if checked:
             item.meta[AT_BOUND] = []
@@ -146,8 +150,9 @@ def _on_guard(shape_env, expr):
     """A branch of the user's code on maxima that Dynamo cannot decide. A rangeable max in it gets its range
     first, and the branch is evaluated again (`_compat.RETRY`): a branch that holds, or fails, for every value in
     [0, bound] is then decided without a guard. A branch that still differs inside the range is traced with its
-    outcome at the bound, which a runtime assertion records (the backend turns it into a device assertion when
-    the max is rewritten, and has the frame traced again without it when the max is kept)."""
+    outcome at the bound (mode "other": the first such branch with the other outcome), which a runtime
+    assertion records; the backend never keeps that assertion (traced_ranges.settle_at_bound: the two outcomes'
+    rewritten graphs must be one graph, or the frame is traced again without deciding the branch)."""
     import sympy
 
     symbols = list(getattr(expr, "free_symbols", None) or ())
@@ -162,6 +167,9 @@ def _on_guard(shape_env, expr):
     value = expr.xreplace({s: sympy.Integer(e[0]) for s, e in zip(symbols, entries)})
     if value not in (sympy.true, sympy.false):
         return None
+    (_, item), = entries
+    if OTHER in item.meta and not item.meta[AT_BOUND]:  # the second trace: the first branch's other outcome
+        value = sympy.false if value is sympy.true else sympy.true
     guard = expr if value is sympy.true else sympy.Not(expr)
     text = _compat.assert_at_runtime(shape_env, guard, f"syncfree: traced at the bound: {guard}")
     for _, item in entries:
@@ -202,6 +210,7 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
             if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
                 raise
             policy.modes.update(inner.modes)
+            policy.evidence.update(inner.evidence)
             _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
 
 

@@ -1,0 +1,116 @@
+"""A branch on the max whose outcome differs inside [0, bound] (issue 45, item 1), at realistic parameters.
+
+TRTLLM-MLA's `_calc_padded_blocks`: `blocks = cdiv(m, ps)`, rounded up to a multiple of `lcm = 4096 / ps` under
+`if blocks % lcm != 0`. At a max_context_len that is a multiple of 4096 the branch is not taken at the bound and
+is taken for most maxima below it. The backend traces the frame with each outcome; both rewrites give the same
+graph (the allocated table at the bound's width), so the step is rewritten with no assertion on the outcome and
+every max in [0, bound] (each residue class of `blocks % lcm`, 0 and the bound included) gives eager's values.
+At a bound that is not such a multiple the two rewrites differ (widths), and the branch breaks the graph as
+without the backend: kept, still eager's values.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import compile_pass
+from passlib import compile_traced
+
+_LIB = torch.library.Library("syncfree_test_branch", "DEF")
+_LIB.define("writer(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
+            "SymInt table_stride, int page_size) -> ()")
+
+
+def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
+    """Row b's first cdiv(lengths[b], page_size) page ids, through `table_stride` (a bounded writer: it raises
+    where eager's table is too narrow for a row)."""
+    for b in range(lengths.shape[0]):
+        pages = -(-max(int(lengths[b]), 0) // page_size)
+        if pages > table_stride:
+            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
+        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
+        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
+
+
+_LIB.impl("writer", _write_rows, "CPU")
+torch.library.register_fake("syncfree_test_branch::writer", lambda *a: None, lib=_LIB)
+WRITER = torch.ops.syncfree_test_branch.writer
+compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
+                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
+                                     table_stride="table_stride")
+
+ATTN = torch.ops.syncfree.paged_decode
+REQS = 4
+
+
+def padded_blocks(m: int, page_size: int) -> int:
+    lcm = 4096 // page_size
+    blocks = (m + page_size - 1) // page_size
+    if blocks % lcm != 0:
+        blocks = (blocks + lcm - 1) // lcm * lcm
+    return blocks
+
+
+def make_step(page_size: int):
+    def decode_step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        blocks = padded_blocks(m, page_size)
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, seq_lens, table, blocks, page_size)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+    return decode_step
+
+
+def make_inputs(lengths, width: int, page_size: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(REQS * width // page_size, generator=gen).view(REQS, -1)
+    tok = torch.arange(width)
+    r2t = (pages[:, tok // page_size] * page_size + tok % page_size).to(torch.int32)
+    rpi = torch.randperm(REQS, generator=gen)[: len(lengths)]
+    q = torch.randn(len(lengths), 1, 2, 4, generator=gen)
+    k = torch.randn(REQS * width // page_size, page_size, 1, 4, generator=gen)
+    v = torch.randn(REQS * width // page_size, page_size, 1, 4, generator=gen)
+    return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
+
+
+def maxima(bound: int, page_size: int, seed: int) -> list[int]:
+    """0, 1, the bound and its neighbours, every multiple of the round-up's tokens and its neighbours (each
+    residue class of `blocks % lcm` at its edges), and random values."""
+    rng = random.Random(seed)
+    span = 4096
+    edges = {0, 1, bound - 1, bound}
+    for k in range(1, bound // span + 1):
+        edges |= {k * span - page_size, k * span - 1, k * span, k * span + 1}
+    edges |= {rng.randint(0, bound) for _ in range(6)}
+    return sorted(m for m in edges if 0 <= m <= bound)[:24]
+
+
+@pytest.mark.parametrize("bound,page_size", [(4096, 64), (8192, 32), (32768, 64), (131072, 64), (32768, 32)])
+def test_the_round_up_at_a_multiple_of_its_span_is_rewritten_and_no_max_raises(bound, page_size):
+    step = make_step(page_size)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    width = bound + page_size
+    rng = random.Random(bound + page_size)
+    for n, m in enumerate(maxima(bound, page_size, 0)):
+        lengths = [m, rng.randint(0, m), rng.randint(0, m)]
+        inputs = make_inputs(lengths, width, page_size, seed=n)
+        torch.testing.assert_close(call(*inputs), step(*inputs))
+    reports = backend.reports
+    assert reports and all(r.rewritten and not r.kept for r in reports), [str(r) for r in reports]
+    assert f"width {bound // page_size}" in reports[0].rewritten[0].reason, reports[0].rewritten[0].reason
+
+
+def test_a_bound_off_the_round_up_s_span_breaks_at_the_branch_and_gives_eager_s_values():
+    bound, page_size = 6000, 64  # not a multiple of 4096: the two outcomes' widths differ (128 against 94)
+    step = make_step(page_size)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    width = 8192 + page_size
+    rng = random.Random(1)
+    for n, m in enumerate([0, 1, 4095, 4096, 4097, 5999, 6000, 300]):
+        lengths = [m, rng.randint(0, m), rng.randint(0, m)]
+        inputs = make_inputs(lengths, width, page_size, seed=n)
+        torch.testing.assert_close(call(*inputs), step(*inputs))
+    assert not any(r.rewritten for r in backend.reports), [str(r) for r in backend.reports]
