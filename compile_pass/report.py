@@ -88,9 +88,45 @@ def escape_location(node) -> str:
     return ""
 
 
+def readable_source(source: str) -> str:
+    """A Dynamo source name as the user's code spells it: L['fb'].seq_lens -> fb.seq_lens, L['verify_lens'] ->
+    verify_lens, L['kv'][0] -> kv[0]."""
+    return _ROOT_NAME.sub(r"\1", source)
+
+
+_ROOT_NAME = re.compile(r"^[LG]\['([^']*)'\]")
+
+
+def user_input_names(graph) -> dict[str, str]:
+    """{the graph's name of an input (Dynamo's placeholder, `l_verify_lens_`): the user's (`verify_lens`)}."""
+    from ._compat import placeholder_source_name
+
+    names = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            source = placeholder_source_name(node)
+            if source:
+                names[node.name] = readable_source(source)
+    return names
+
+
+def name_inputs_as_written(items: list["SyncItem"], graph) -> None:
+    """The reasons name the graph's inputs as the user's code does (`verify_lens`), not by Dynamo's placeholder
+    (`l_verify_lens_`); the item's `node` field keeps the graph's own name."""
+    names = user_input_names(graph)
+    if not names:
+        return
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")\b")
+    for item in items:
+        item.reason = pattern.sub(lambda m: names[m.group(1)], item.reason)
+
+
 def number_occurrences(items: list["SyncItem"], graph=None) -> None:
     """Items that share a location get `occurrence` = "k of n at LOCATION", numbered in the order of their nodes
-    in `graph` when given (else in the order given); others get ""."""
+    in `graph` when given (else in the order given); others get "". Given the graph, their reasons also name its
+    inputs as the user's code does (name_inputs_as_written)."""
+    if graph is not None:
+        name_inputs_as_written(items, graph)
     order = {n.name: i for i, n in enumerate(graph.nodes)} if graph is not None else {}
     counts = collections.Counter(i.location for i in items)
     seen: collections.Counter = collections.Counter()
@@ -102,7 +138,8 @@ def number_occurrences(items: list["SyncItem"], graph=None) -> None:
 
 @dataclasses.dataclass
 class SyncItem:
-    """One sync point: its kind (item, tolist, numpy, cpu_copy, cpu_mirror, post_grad), where it is and what happened to it."""
+    """One sync point: its kind (item, tolist, numpy, cpu_copy, cpu_mirror, host_sum, post_grad, graph_break), where
+    it is and what happened to it."""
 
     kind: str
     location: str
@@ -138,6 +175,11 @@ class SyncItem:
         return self.reason + (f" (the value that leaves is made at {self.escape_location})"
                               if self.escape_location else "")
 
+    def shown(self) -> str:
+        """What happened, as the table shows it: parts repeated in a row (one per layer) folded, `max_seqlen_k
+        -> 64 x4` (to_dict() keeps the reason whole)."""
+        return fold_repeated_parts(self.what_happened())
+
 
 @dataclasses.dataclass
 class SyncReport:
@@ -170,6 +212,8 @@ class SyncReport:
             merged.notes += [n for n in r.notes if n not in merged.notes]
             merged.options = merged.options or dict(r.options)
             merged.fell_back = merged.fell_back or r.fell_back
+            # positions in each graph's own inputs (notes name them): every graph's pairs, once
+            merged.disjoint_inputs += [p for p in r.disjoint_inputs if p not in merged.disjoint_inputs]
             merged.pass_seconds += r.pass_seconds
             merged.backend_seconds += r.backend_seconds
             if r.post_grad is not None:
@@ -195,6 +239,7 @@ class SyncReport:
             "options": dict(self.options),
             "post_grad": self.post_grad,
             "fell_back": self.fell_back,
+            "disjoint_inputs": [list(pair) for pair in self.disjoint_inputs],
             "pass_seconds": self.pass_seconds,
             "backend_seconds": self.backend_seconds,
         }
@@ -203,7 +248,7 @@ class SyncReport:
         rows = [("status", "kind", "location", "what happened")]
         body = [("rewritten", i) for i in self.rewritten]
         body += [("kept" if i.host_sync else "kept (no sync)", i) for i in self.kept]
-        rows += collapse_repeated_rows([(status, i.kind, i.location, i.what_happened()) for status, i in body],
+        rows += collapse_repeated_rows([(status, i.kind, i.location, i.shown()) for status, i in body],
                                        [i.where() for _, i in body])
         if len(rows) == 1:
             rows.append(("-", "-", "-", "no sync point found"))
@@ -220,6 +265,19 @@ class SyncReport:
 
 
 SAME_REASON = "(same reason as above)"
+
+
+def fold_repeated_parts(reason: str) -> str:
+    """A reason's "; "-separated parts, each run of identical ones as one part with "xN": "rewritten: page table
+    -> ...; max_seqlen_k -> 64; max_seqlen_k -> 64; bound 64" -> "...; max_seqlen_k -> 64 x2; bound 64"."""
+    parts = reason.split("; ")
+    runs: list[list] = []
+    for part in parts:
+        if runs and runs[-1][0] == part:
+            runs[-1][1] += 1
+        else:
+            runs.append([part, 1])
+    return "; ".join(f"{part} x{n}" if n > 1 else part for part, n in runs)
 
 
 def collapse_repeated_rows(rows: list[tuple[str, str, str, str]],
