@@ -5,7 +5,8 @@ assert_sync_free and compile_pass.compile decide alike on them (issue 44).
 TARGETS maps a name to (factory, max_context_len): the built-in examples (compile_pass.examples), the engine
 steps of tests/engines that need no option beyond the bound, and two steps that branch on the max before they
 size their table, which only a trace with the max's range (compile_pass.compile's) rewrites: a guard that no
-length within the bound takes (`grow_step`) and TRTLLM-MLA's round-up (`round_up_step`, traced at the bound).
+length within the bound takes (`grow_step`) and TRTLLM-MLA's round-up (`round_up_step`, whose outcome differs
+inside the range but gives one graph either way).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def grow():
     return grow_step, _paged_inputs()
 
 
-# -- TRTLLM-MLA's round-up: `if blocks % LCM != 0`, False at m = 0 only: traced at the bound's outcome ----------
+# -- TRTLLM-MLA's round-up: `if blocks % LCM != 0`: traced both ways, one rewritten graph -------------------------
 _LIB = torch.library.Library("syncfree_test_entry_points", "DEF")
 _LIB.define("writer(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
             "SymInt table_stride, int page_size) -> ()")
@@ -64,7 +65,7 @@ WRITER = torch.ops.syncfree_test_entry_points.writer
 compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
                                      req_pool_indices="req_pool_indices", req_to_token="req_to_token",
                                      table_stride="table_stride")
-LCM = 32  # more pages than the bound has (16): the branch is True for every max in [1, 64], as in SGLang
+LCM = 16  # divides the bound's 16 pages: either outcome of the branch gives one static width (TRTLLM-MLA at 4096)
 
 
 def round_up_step(q, k, v, r2t, rpi, seq_lens):
