@@ -49,6 +49,10 @@
 #              ($STARTUP_NAME names its log and JSON, default startup)
 #   startup2   a second startup run in the same call ($STARTUP2_VARIANTS, default syncfree-regional;
 #              $STARTUP2_ARGS; STARTUP2_LIMIT default 300 s): startup2.log / startup2.json
+#   host       benchmarks/host_overhead.py $HOST_ARGS (issue 43): host time per call of compile_pass.compile's step
+#              (cudagraphs=True) against stock reduce-overhead of the hand-written step and a raw CUDAGraph.replay(),
+#              1/4/32 layers x batch 1/8, interleaved rounds; HOST_ARGS="--profile 200" adds a cProfile of ours per
+#              configuration; HOST_LIMIT defaults to 540 s
 #   profile    the same script with --profile: the cold first calls of $PROFILE_VARIANTS (default
 #              "syncfree-regional syncfree-whole") under cProfile, one $OUT/profile/<run>.pstats each (their
 #              seconds are slowed by the profiler: not for the tables); $PROFILE_ARGS adds flags;
@@ -199,6 +203,11 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       TAIL=80 bench "$st2_limit" startup2 compile_time.py --budget $((st2_limit - 20)) --timeout 200 \
         --variants ${STARTUP2_VARIANTS:-syncfree-regional} ${STARTUP2_ARGS:-} --json "$OUT/startup2.json"
+      ;;
+    host)
+      # shellcheck disable=SC2086
+      TAIL=${HOST_TAIL:-20} bench "${HOST_LIMIT:-540}" host_overhead host_overhead.py ${HOST_ARGS:-} \
+        --out "$OUT/host_overhead.json"
       ;;
     profile)
       pr_limit=${PROFILE_LIMIT:-300}

@@ -10,10 +10,12 @@ The backend wraps every compiled graph here; `_compat` (below it) knows nothing 
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 import torch.fx
+from torch import Tensor
 
 from . import _compat
 from ._compat import SerializableCallable, picklable_fallback
@@ -32,9 +34,31 @@ def _shares_memory(a, b) -> bool:
 
 
 def inputs_share_memory(args, pairs) -> bool:
-    """Do any of the input pairs the proof assumed distinct share memory in this call (host-side, no sync)?"""
+    """Do any of the input pairs the proof assumed distinct share memory in this call (host-side, no sync)?
+    The same answer as checking each pair with `_shares_memory`, in the same order, but each input's storage
+    address is read at most once per call (an input is in several pairs: a KV pool against each index tensor)."""
     flat = flat_inputs(args)
-    return any(_shares_memory(flat[i], flat[j]) for i, j in pairs)
+    addresses: dict = {}
+    for i, j in pairs:
+        a, b = flat[i], flat[j]
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+            continue
+        address = addresses.get(i)
+        if address is None:
+            address = addresses[i] = a.untyped_storage().data_ptr()
+        if address == 0:
+            continue
+        other = addresses.get(j)
+        if other is None:
+            other = addresses[j] = b.untyped_storage().data_ptr()
+        if address == other:
+            return True
+    return False
+
+
+@functools.cache
+def _alignment() -> int:
+    return _compat.input_alignment()  # a constant of the installed Inductor: asked once, not per call
 
 
 def inputs_misaligned(args, positions) -> bool:
@@ -43,7 +67,7 @@ def inputs_misaligned(args, positions) -> bool:
     its storage offset; no sync)."""
     if not positions:
         return False
-    flat, align = flat_inputs(args), _compat.input_alignment()
+    flat, align = flat_inputs(args), _alignment()
     return any(isinstance(flat[i], torch.Tensor) and (flat[i].storage_offset() * flat[i].element_size()) % align
                for i in positions)
 
@@ -67,7 +91,7 @@ def guard_disjoint_inputs(compiled: Callable, original: torch.fx.GraphModule, pa
 
     def guarded(*args):
         # Called as the compiled function is (boxed: one list of inputs; else the inputs): pass that through.
-        if inputs_share_memory(args, pairs) or inputs_misaligned(args, aligned):
+        if inputs_share_memory(args, pairs) or (aligned and inputs_misaligned(args, aligned)):
             return original.forward(*flat_inputs(args))
         return compiled(*args)
 

@@ -1,4 +1,5 @@
-"""The benchmarks' arithmetic on CPU: what the decode loop counts as a step's bytes, its --plan, the plot."""
+"""The benchmarks' arithmetic on CPU: what the decode loop counts as a step's bytes, its --plan, the plot; the host
+overhead benchmark's CPU path (issue 43)."""
 
 import json
 import sys
@@ -136,3 +137,43 @@ def test_compile_time_sorts_triton_compiles_by_whose_kernel_they_are():
                                             ("paged_decode_split_kernel", 1.5)])
     assert launches["page_table_kernel"] == dict(n=2, first_s=0.8, max_s=0.8, total_s=0.8 + 1e-5)
     assert launches["paged_decode_split_kernel"]["first_s"] == 1.5
+
+
+def test_host_overhead_runs_on_cpu_and_writes_its_json(tmp_path):
+    """benchmarks/host_overhead.py on CPU (one layer, batch 1, a few calls): every variant timed, the differences,
+    the report of ours, and the profile of ours with its top functions."""
+    import host_overhead
+
+    out = tmp_path / "host.json"
+    result = host_overhead.main(["--device", "cpu", "--layers", "1", "--batches", "1", "--rounds", "2",
+                                 "--calls", "2", "--profile", "2", "--profile-top", "3", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == json.loads(json.dumps(result["rows"], default=str))
+    assert saved["env"]["device"] == "cpu" and saved["env"]["torch"] == torch.__version__
+    assert saved["variants"] == ["ours", "stock", "eager", "ours_dynamo"]
+    (row,) = saved["rows"]
+    assert "error" not in row, row.get("error")
+    assert (row["layers"], row["batch"]) == (1, 1)
+    assert set(row["variants"]) == {"ours", "stock", "eager", "ours_dynamo"}
+    for timing in row["variants"].values():
+        for key in ("host_us", "wall_us", "thread_us"):
+            assert timing[key] > 0 and len(timing[f"rounds_{key}"]) == 2
+    assert row["ours_minus_stock_host_us"] == pytest.approx(row["variants"]["ours"]["host_us"]
+                                                            - row["variants"]["stock"]["host_us"])
+    assert row["ours_report"]["rewritten"] == 1 and row["ours_report"]["syncs_remaining"] == 0
+    profile = row["profile"]["ours"]
+    assert profile["calls"] == 2 and len(profile["top_cumulative"]) == len(profile["top_self"]) == 3
+    assert any("backend.py" in entry["function"] for entry in profile["top_cumulative"])
+    layers = [layer["layer"] for layer in profile["layers"]]
+    assert layers[0].startswith("ours: compile_pass.compile's call wrapper") and any("Dynamo" in x for x in layers)
+    assert all(layer["cumulative_us"] >= layer["own_us"] for layer in profile["layers"])
+    assert all(entry["function"].startswith("compile_pass/") for entry in profile["compile_pass_functions"])
+
+
+def test_host_overhead_profile_paths_are_short():
+    import host_overhead
+
+    assert host_overhead.short_path("/x/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py") == \
+        "torch/_dynamo/eval_frame.py"
+    assert host_overhead.short_path("/work/main/compile_pass/backend.py") == "compile_pass/backend.py"
+    assert host_overhead.short_path("~") == "~"
