@@ -36,7 +36,6 @@ Anything else keeps the int.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import torch
 import torch.fx
@@ -46,6 +45,7 @@ from ..find_sync_points import SyncPoint, attribute_name
 from ..fx_util import code_line, insert_call, node_location
 from ..normalize import INT_DTYPES, dtype_of
 from ..proof import ProofContext, Unsafe, declare_reasons
+from ..report import readable_source
 from . import Option, register_rule
 from .flat_buffer import BufferWalk, assert_lengths_within, resize_buffers, walk_the_total
 
@@ -145,9 +145,7 @@ class HostSums:
 def _user_name(node: torch.fx.Node) -> str:
     """A graph input as the user's code names it (`fb.seq_lens_sum`), not as Dynamo does (`l_fb_seq_lens_sum`)."""
     source = placeholder_source_name(node)
-    if not source:
-        return node.name
-    return re.sub(r"^[LG]\['([^']*)'\]", r"\1", source)
+    return readable_source(source) if source else node.name
 
 
 def assert_declared_sum(graph: torch.fx.Graph, plan: HostSumPlan, first: torch.fx.Node) -> None:
