@@ -345,6 +345,8 @@ CASES = {"mla": mla_case, "indptr": indptr_case, "flat": flat_case, "regional": 
 
 # -- running one ------------------------------------------------------------------------------------------------
 def length_vectors(batches, count, low, top, seed=0):
+    if RESIDUE_SWEEP:
+        return residue_vectors(batches, low, top, seed)
     rng = random.Random(seed)
     out = []
     for b in batches:
@@ -353,6 +355,24 @@ def length_vectors(batches, count, low, top, seed=0):
             if n == 0:
                 v[0] = top
             out.append(v)
+    return out
+
+
+RESIDUE_SWEEP = False  # --residue-sweep: maxima at both edges of every residue class of TRTLLM's round-up
+ROUND_UP_SPAN = 4096  # tokens per round-up multiple: lcm(128 / ps, 4096 / ps) pages of ps tokens
+
+
+def residue_vectors(batches, low, top, seed=0):
+    """Per batch size: the max at 1, the bound, and each multiple k of the round-up's span less one page, less one,
+    at it and one past it (every residue class of `blocks % lcm` at its edges); the other rows random below."""
+    rng = random.Random(seed)
+    maxima = {max(low, 1), top}
+    for k in range(1, top // ROUND_UP_SPAN + 1):
+        maxima |= {k * ROUND_UP_SPAN - 64, k * ROUND_UP_SPAN - 1, k * ROUND_UP_SPAN, k * ROUND_UP_SPAN + 1}
+    out = []
+    for b in batches:
+        for m in sorted(x for x in maxima if low <= x <= top):
+            out.append([m] + [rng.randint(low, m) for _ in range(b - 1)])
     return out
 
 
@@ -436,6 +456,7 @@ def run_case(name, device, batches, count, replays, cudagraphs=None):
 
 
 def main():
+    global MCL, RESIDUE_SWEEP
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -444,7 +465,11 @@ def main():
     p.add_argument("--replays", type=int, default=1)
     p.add_argument("--cudagraphs", action="store_true", help="compile with cudagraphs=True on the CPU dry run too")
     p.add_argument("--json")
+    p.add_argument("--max-context-len", type=int, default=1024, help="the static bound (default %(default)s)")
+    p.add_argument("--residue-sweep", action="store_true",
+                   help="maxima at the edges of every residue class of TRTLLM's round-up (issue 45), not random")
     args = p.parse_args()
+    MCL, RESIDUE_SWEEP = args.max_context_len, args.residue_sweep
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("engine_steps_gpu: no CUDA device (use --device cpu for the dry run)")
     import compile_pass  # noqa: F401  (registers the ops)
