@@ -15,7 +15,7 @@ import compile_pass
 from compile_pass import rules, sync_pass
 from compile_pass.rules.flat_kv_indices import register_indptr_reader
 import consumers_for_tests  # noqa: F401  (syncfree_test::indptr_read, a registered reader)
-from passlib import length_vectors, make_fb, run
+from passlib import host_reads, length_vectors, make_fb, run
 
 MCL = 64
 KV = torch.ops.syncfree.kv_indices
@@ -86,10 +86,6 @@ def allocations(backend):
             or (n.op == "call_method" and n.target in ("new_empty", "new_zeros"))]
 
 
-def host_reads(backend):
-    return [n for n in backend.graphs[-1].graph.nodes if n.op == "call_method" and n.target == "item"]
-
-
 # -- the rewritten case ----------------------------------------------------------------------------------------
 def step(fb, values):
     lens = fb.seq_lens
@@ -107,7 +103,7 @@ def test_sum_sizing_kv_indices_becomes_b_times_max_context_len():
     assert item.rule == "flat_kv_indices" and "4 x 64" in item.reason, item.reason
     (alloc,) = allocations(backend)
     assert alloc.args[0] == 4 * MCL and alloc.meta["example_value"].shape == (4 * MCL,)
-    assert not host_reads(backend)
+    assert not host_reads(backend.graphs[-1])
     assert "lengths asserted on the device" in item.reason
     # Dynamo's own `u0 >= 0` on the size is implied by the lengths' check: it goes, and no other sum is left
     graph = backend.graphs[-1].graph
@@ -126,7 +122,7 @@ def test_other_spellings_cat_indptr_new_empty_torch_sum_int():
     backend = compare(spelled, vectors_of(3, 16, seed=2))
     assert backend.report.rewritten and not backend.report.kept, str(backend.report)
     (alloc,) = [a for a in allocations(backend) if a.target == "new_empty"]
-    assert alloc.args[1] == 3 * MCL and not host_reads(backend)
+    assert alloc.args[1] == 3 * MCL and not host_reads(backend.graphs[-1])
 
 
 def test_zeros_buffer_and_two_readers():
@@ -163,7 +159,7 @@ def test_dynamic_batch_gives_a_backed_symbolic_size():
     size = alloc.args[0]
     assert isinstance(size, torch.fx.Node) and size.args[1] == MCL
     assert isinstance(alloc.meta["example_value"].shape[0], torch.SymInt)
-    assert not host_reads(backend)
+    assert not host_reads(backend.graphs[-1])
 
 
 def test_checked_asserts_every_length_within_the_bound():
@@ -256,7 +252,7 @@ def test_kept_variants_carry_their_reason_codes(name):
     assert codes(backend) == [code], str(backend.report)
     assert [i.rule for i in backend.report.kept] == ["flat_kv_indices"]
     assert not backend.report.rewritten
-    assert host_reads(backend)  # kept exactly as eager computes it
+    assert host_reads(backend.graphs[-1])  # kept exactly as eager computes it
 
 
 def test_lengths_below_the_summed_values_are_fine_for_writer_and_reader():

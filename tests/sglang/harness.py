@@ -321,17 +321,12 @@ class Engine:
 
 def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0):
     """Length vectors over changing batch sizes; the first row of the first vector sits at the bound."""
-    rng = random.Random(seed)
+    from passlib import length_vectors as vectors
+
     extra = path.queries if path.mode in ("target_verify", "dflash_verify", "ragged_verify") else 0
     extra = max(extra, path.step_id + 1 if path.mode == "draft_decode" else 0)
-    top = MAX_CONTEXT - extra
     low = path.queries if path.mode == "draft_extend" else 1
-    vectors = []
-    for n in range(count):
-        b = batches[n % len(batches)]
-        vectors.append([rng.randint(low, top) for _ in range(b)])
-    vectors[0][0] = top
-    return vectors
+    return vectors(batches, count, seed, MAX_CONTEXT - extra, low=low, edge=False, top_first=True)
 
 
 # ------------------------------------------------------------------------------------------ running a path

@@ -530,13 +530,11 @@ class Engine:
 
 def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0):
     """Length vectors over changing batch sizes; the first row of the first vector sits at the bound."""
-    rng = random.Random(seed)
+    from passlib import length_vectors as vectors
+
     extra = path.draft_tokens if path.mode == "target_verify" else 0
-    top = MAX_CONTEXT - extra
     low = path.draft_tokens if path.mode == "draft_extend" else 1
-    vectors = [[rng.randint(low, top) for _ in range(batches[n % len(batches)])] for n in range(count)]
-    vectors[0][0] = top
-    return vectors
+    return vectors(batches, count, seed, MAX_CONTEXT - extra, low=low, edge=False, top_first=True)
 
 
 # ------------------------------------------------------------------------------------------------ running a path

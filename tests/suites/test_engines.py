@@ -10,14 +10,9 @@ import torch
 import compile_pass
 from engines import all_cases, case_lengths, sglang_fa3
 from engines.common import MAX_CONTEXT
-from passlib import Rewriting
+from passlib import Rewriting, host_reads
 
 CASES = all_cases()
-
-
-def host_reads(graphs) -> list:
-    return [n for g in graphs for n in g.graph.nodes
-            if n.target == "item" or getattr(n.target, "__name__", "") == "wrapped_item"]
 
 
 def test_at_least_twelve_engine_steps():

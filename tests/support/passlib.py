@@ -5,6 +5,7 @@ import dataclasses
 import random
 
 import torch
+import torch.fx
 
 from compile_pass import _compat, pipeline
 from compile_pass.backend import report_of
@@ -76,17 +77,37 @@ def run(fn, *args, **options):
     return out, backend, compiled
 
 
-def length_vectors(batch: int, count: int, seed: int, top: int = 64, *, low: int = 0, first=()) -> list[list[int]]:
-    """`count` vectors of `batch` lengths in [low, top]: the `first` vectors as given (the one Dynamo traces with,
-    corner cases), then random ones (random.Random(seed)), each with one row at an edge: low, low + 1, top, or
-    any. The same arguments give the same vectors."""
+def length_vectors(batch, count: int, seed: int, top: int = 64, *, low: int = 0, first=(), edge: bool = True,
+                   top_first: bool = False) -> list[list[int]]:
+    """The one generator of length vectors for the tests: `count` vectors of lengths in [low, top]. `batch` is a
+    batch size, or a sequence of them taken in turn (the batch changes between steps). The `first` vectors as
+    given (the one Dynamo traces with, corner cases), then random ones (random.Random(seed)), each with one row
+    at an edge (low, low + 1, top, or any) unless `edge=False`; `top_first` puts the first row of the first
+    vector at the bound. The same arguments give the same vectors."""
     rng = random.Random(seed)
+    sizes = [batch] if isinstance(batch, int) else list(batch)
     out = [list(v) for v in first][:count]
     while len(out) < count:
-        lengths = [rng.randint(low, top) for _ in range(batch)]
-        lengths[rng.randrange(batch)] = rng.choice([low, low + 1, top, rng.randint(low, top)])
+        size = sizes[len(out) % len(sizes)]
+        lengths = [rng.randint(low, top) for _ in range(size)]
+        if edge:
+            lengths[rng.randrange(size)] = rng.choice([low, low + 1, top, rng.randint(low, top)])
         out.append(lengths)
+    if top_first and out:
+        out[0][0] = top
     return out
+
+
+def host_reads(graphs) -> list:
+    """The host reads left in compiled graphs (`.item()`, a numpy max's item): the one counter of the tests.
+    `graphs`: a GraphModule, a list of them, or a Rewriting backend (its graphs)."""
+    if isinstance(graphs, Rewriting):
+        graphs = graphs.graphs
+    if isinstance(graphs, torch.fx.GraphModule):
+        graphs = [graphs]
+    return [n for g in graphs for n in g.graph.nodes
+            if n.op in ("call_method", "call_function")
+            and (n.target == "item" or getattr(n.target, "__name__", "") == "wrapped_item")]
 
 
 TracedPassOnly = Rewriting  # the name the SGLang suites use: one harness
