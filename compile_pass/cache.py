@@ -29,8 +29,9 @@ of another format (an older torch-syncfree's), is not an artifacts file, or was 
 step's (given to the loader as `options=`; load_compiled takes them from its fallback by default) is not loaded:
 the loader warns (`ArtifactsMismatch`), names what differs and returns a result whose `loaded` is False and whose
 `reason` says why, nothing of it is written (no Triton binary either), and the step then compiles as it would
-without it (strict=True raises ArtifactsError instead, and nothing compiles). Every cache key also covers the versions, the options and the pass's code, so a file that slipped
-through can only miss, never serve another graph. The file holds pickled torch artifacts: load only files you built.
+without it (strict=True raises ArtifactsError instead, and nothing compiles). Every cache key also covers the
+versions, the options and the pass's code, so a file that slipped through can only miss, never serve another
+graph. The file holds pickled torch artifacts: load only files you built.
 
 `aot_compile` / `load_compiled` (where torch has `aot_compile`: 2.11 and 2.13 here) go further: the Dynamo trace is
 saved too, so the first call traces nothing. `aot_compile(...).save_compiled_function(path)` writes one file of
