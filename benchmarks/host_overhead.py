@@ -1,7 +1,7 @@
 """Benchmark: host time of one call of the compiled decode step (issue 43), ours against stock's and the floor.
 
-    python benchmarks/host_overhead.py [--device cuda|cpu] [--layers 1 4 32] [--batches 1 8] [--rounds 7]
-                                       [--calls 200] [--context N] [--profile N] [--profile-stock] [--threads N]
+    python benchmarks/host_overhead.py [--device cuda|cpu] [--layers 1 4 32] [--batches 1 8] [--rounds R]
+                                       [--calls N] [--context N] [--profile N] [--profile-stock] [--threads N]
                                        [--out result.json]
 
 The built-in TinyLlama (examples/tiny_llama.py; on CUDA at hidden 512, 8 heads of 64, page 16, max_context_len
@@ -23,7 +23,8 @@ Variants, per (layers, batch), each compiled fresh (torch._dynamo.reset() betwee
 
 Before every call of ours and stock on CUDA, torch.compiler.cudagraph_mark_step_begin() (a new generation step, as
 an engine marks it): counted in their time. Timing: --rounds rounds; in each, every variant (the order rotating
-from round to round) makes --calls calls back to back after a synchronize: host_us is the time until the last call
+from round to round) makes one untimed call, then --calls calls back to back after a synchronize (on a loaded CPU,
+many rounds of one call each are the steadiest: --rounds 1500 --calls 1): host_us is the time until the last call
 returns, per call (the host's cost while the CPU runs ahead), wall_us the time until a synchronize after it
 returns, per call (the step's cost: the larger of host and GPU time), thread_us the CPU time the calling thread
 used, per call (time.thread_time: what other processes on a shared machine take is not in it). Medians over
@@ -183,12 +184,15 @@ def sync(device: str) -> None:
 
 
 def time_rounds(calls: dict, device: str, rounds: int, n: int) -> dict:
-    """Interleaved rounds: per variant the host, wall and thread-CPU microseconds per call of each round."""
+    """Interleaved rounds: per variant the host, wall and thread-CPU microseconds per call of each round. Each
+    variant's block starts with one call that is not timed: what the variant before it left in the caches is not
+    counted (on CPU that alone is ~100 us of a ~1 ms step, depending on which variant ran before)."""
     names = list(calls)
     out = {name: {"host_us": [], "wall_us": [], "thread_us": []} for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             call = calls[name]
+            call()
             sync(device)
             cpu = time.thread_time()
             start = time.perf_counter()
@@ -324,8 +328,9 @@ def parse_args(argv=None):
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 4, 32])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=200, help="calls per variant per round")
+    parser.add_argument("--rounds", type=int, default=None, help="default 7 on CUDA, 801 on CPU")
+    parser.add_argument("--calls", type=int, default=None,
+                        help="timed calls per variant per round (default 200 on CUDA, 1 on CPU)")
     parser.add_argument("--context", type=int, default=None,
                         help="tokens per request (default 1024 on CUDA, 17 on CPU; capped at max_context_len)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -338,8 +343,13 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU (use --device cpu)")
+    cuda = args.device == "cuda"
     if args.context is None:
-        args.context = 1024 if args.device == "cuda" else 17
+        args.context = 1024 if cuda else 17
+    if args.rounds is None:
+        args.rounds = 7 if cuda else 801
+    if args.calls is None:
+        args.calls = 200 if cuda else 1
     if args.threads is None and args.device == "cpu":
         args.threads = 1
     return args
