@@ -18,8 +18,8 @@ from ._compat import example_value, fake_mode_of
 from .consumers import bind_arguments
 from .fx_util import argument_names, flat_tensors, node_location
 from .mutations import WriteLog
-from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, strip_kept_values, \
-    tensor_sub
+from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, is_narrowing, \
+    strip_kept_values, tensor_sub
 
 class DuplicateReason(RuntimeError):
     """Two owners declare the same reason code: raised at import, so a copied code never ships."""
@@ -71,6 +71,10 @@ declare_reasons("pass", {
     "mirror_upload": "a CPU mirror is copied to the device",
     "graph_break": "Dynamo broke the graph at a host read",
     "post_grad": "a host read found in the post-grad graph",
+    "copy_not_a_view": "the lengths are copied through an index that is not a view (a tensor or list index "
+                       "writes a temporary, not the buffer)",
+    "narrowing_copy": "the lengths are copied into a narrower int dtype, whose values may wrap past what the "
+                      "device check sees",
 })
 
 
@@ -200,6 +204,11 @@ class ProofContext:
             node = exact
         while True:
             root, passed = strip_kept_values(node, allow_moves=True, allow_narrowing=True)
+            if copies and any(is_narrowing(n) for n in passed):  # a cast below a copy: no assertion sees it
+                raise Unsafe("narrowing_copy", f"{who} ({lengths.name}) are copied into their buffer at "
+                                               f"{node_location(copies[-1])} from values narrowed at "
+                                               f"{node_location(next(n for n in passed if is_narrowing(n)))}: "
+                                               "a wrapped value would pass the device check on the buffer")
             chain += passed
             add = constant_add(root)
             minus = tensor_sub(root) if max_family and exact is None else None
@@ -237,7 +246,13 @@ class ProofContext:
         """(the copy, its source) where `view` is `buf[index]` of a graph input and the last copy before it into
         the same view of the same buffer, `buf[index].copy_(source)` of a source of the same shape and an int
         dtype, writes exactly its cells: `view` then holds the source's values (cast to the buffer's dtype), as
-        long as nothing else writes the buffer after the copy, which the caller checks. None otherwise."""
+        long as nothing else writes the buffer after the copy, which the caller checks. None otherwise.
+
+        Default deny (issue 45): only a basic-indexing view relates (`index` of ints, slices of ints / SymInts,
+        None, Ellipsis; `_is_view_index`). A tensor or list index (advanced indexing) makes a temporary: the copy
+        writes that, never buf, and a later `buf[index]` holds buf's own values: Unsafe("copy_not_a_view"). A copy
+        into a narrower int dtype (int64 into int32) holds the values modulo 2**32, and the device check sees
+        only the buffer: Unsafe("narrowing_copy"). Same-dtype and widening copies keep every value."""
         if not (view.op == "call_function" and view.target is operator.getitem and len(view.args) == 2):
             return None
         base, index = view.args
@@ -251,11 +266,23 @@ class ProofContext:
                 found = node
         if found is None:
             return None
+        if not _is_view_index(index):
+            raise Unsafe("copy_not_a_view",
+                         f"{view.name} = {base.name}[...] is read through an index that is not a view (a tensor or "
+                         f"list index): the copy at {node_location(found)} wrote a temporary, not {base.name}, "
+                         "and the read holds the buffer's own values")
         source = found.args[1] if len(found.args) > 1 else found.kwargs.get("src")
         sv, dv = example_value(source) if isinstance(source, torch.fx.Node) else None, example_value(view)
         if not isinstance(sv, torch.Tensor) or not isinstance(dv, torch.Tensor) or sv.dtype not in INT_DTYPES \
-                or [str(d) for d in sv.shape] != [str(d) for d in dv.shape]:
+                or dv.dtype not in INT_DTYPES or [str(d) for d in sv.shape] != [str(d) for d in dv.shape]:
             return None
+        if sv.dtype.itemsize > dv.dtype.itemsize:
+            raise Unsafe("narrowing_copy",
+                         f"the lengths are copied from {str(sv.dtype).replace('torch.', '')} into the "
+                         f"{str(dv.dtype).replace('torch.', '')} buffer {base.name} at {node_location(found)}: a "
+                         "value that does not fit wraps, and the device check sees only the buffer, not the "
+                         "values the max was taken over (a copy into a buffer of the lengths' dtype or wider "
+                         "relates)")
         return found, source
 
 
@@ -266,6 +293,24 @@ def _copy_destination(node: torch.fx.Node):
     if node.op == "call_function" and node.target in (torch.ops.aten.copy_.default, torch.Tensor.copy_) and node.args:
         return node.args[0]
     return None
+
+
+def _is_view_index(index) -> bool:
+    """Basic indexing only (a view of the buffer): an int (not a bool), None, Ellipsis, a slice of ints / SymInts /
+    None, or a tuple of those; an FX node counts only where its traced value is an int or SymInt (a size such as
+    `bs`), never a tensor (advanced indexing: a copy)."""
+    if isinstance(index, tuple):
+        return all(_is_view_index(i) for i in index)
+    if isinstance(index, slice):
+        return all(part is None or _is_int_index(part) for part in (index.start, index.stop, index.step))
+    return index is None or index is Ellipsis or _is_int_index(index)
+
+
+def _is_int_index(part) -> bool:
+    if isinstance(part, torch.fx.Node):
+        value = example_value(part)
+        return isinstance(value, torch.SymInt) or (type(value) is int)
+    return type(part) is int
 
 
 def _same_index(a, b) -> bool:

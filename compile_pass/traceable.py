@@ -9,6 +9,8 @@ at the line and the report names the reason.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from . import _compat
@@ -20,9 +22,10 @@ from . import _compat
 # report says, at the line Dynamo broke, what the user changes.
 TRACEABILITY_FIXES = (
     ("syncfree: msgspec.Struct not modelled",
-     "to make this line traceable: build the object without running code at construction (no __post_init__, "
-     "no default_factory for a field left out, msgspec's own metaclass), or define it as a dataclass or "
-     "NamedTuple with the same fields"),
+     "to make this line traceable: build the object without running code at construction or attribute access "
+     "(no __post_init__, no default_factory for a field left out, msgspec's own metaclass, no __getattribute__ / "
+     "__getattr__ / __setattr__ / __delattr__, no property or class attribute named as a field), or define it as "
+     "a dataclass or NamedTuple with the same fields"),
     ("syncfree: registered launcher not traced",
      "to trace this call as its registered op: add that argument to the op's schema "
      "(register_disabled_launcher), or call the launcher with it at its default"),
@@ -54,13 +57,32 @@ def fix_for(reason: str) -> str | None:
 #     leaves the graph it is built with `cls(**fields)`, which stores the same values. Refused (Dynamo breaks as
 #     before, and the report names the one change) where construction runs more than the stores: a
 #     `__post_init__`, a default_factory for a field not given, a metaclass other than msgspec's, a class that
-#     overrides __new__ / __init__, or arguments that do not bind to the fields (eager raises there).
+#     overrides __new__ / __init__, or arguments that do not bind to the fields (eager raises there); and where
+#     attribute access runs the class's code (__getattribute__, __getattr__, __setattr__, __delattr__, a field
+#     shadowed by a property or class attribute). What the model answers is listed in _compat.struct_variable;
+#     every other operation on the object (truth with a __bool__ / __len__, comparison, hashing, iteration,
+#     operators, a staticmethod, a property subclass, ...) breaks the graph where it happens.
 #   * a torch.compiler.disable()d launcher registered with register_disabled_launcher: its call is traced as a call
 #     of the op it was registered with (the schema declares what it writes), where every argument the op does not
 #     take is at the launcher's default; else the break stands and the report names the argument.
+# Names whose definition in a class of the Struct's MRO (above msgspec's own) makes attribute access or
+# construction run the class's code: refused (issue 45). msgspec's own __setattr__ / __delattr__ (frozen checks)
+# are below, in msgspec's classes, and a set / deleted attribute breaks the graph anyway.
+_CUSTOMISING = ("__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__new__", "__init__",
+                "__post_init__", "__class__", "__dict__", "__signature__")
+
+
 def struct_refusal(cls) -> str | None:
-    """None when `cls` is a msgspec.Struct class whose construction only stores its arguments; else why not.
-    Raises LookupError for a class that is not a msgspec.Struct."""
+    """None when `cls` is a msgspec.Struct class whose construction only stores its arguments and whose attribute
+    access is the plain lookup the model makes (_compat.struct_variable); else why not. Raises LookupError for a
+    class that is not a msgspec.Struct.
+
+    Default deny: refused where any class of the MRO above msgspec's own defines one of _CUSTOMISING (attribute
+    access or construction runs the class's code), where a field's name does not resolve to msgspec's own slot for
+    it (a property, a descriptor or a class attribute of a subclass shadows the field: eager reads that), or where
+    the metaclass is not msgspec's."""
+    import types
+
     meta = type(cls)
     if not (hasattr(cls, "__struct_fields__") and hasattr(cls, "__struct_config__")
             and any(m.__module__.startswith("msgspec") and m.__name__ == "StructMeta" for m in meta.__mro__)):
@@ -74,6 +96,17 @@ def struct_refusal(cls) -> str | None:
             break
         if "__new__" in vars(klass) or "__init__" in vars(klass):
             return f"{klass.__name__} overrides __new__ / __init__"
+        custom = [name for name in _CUSTOMISING if name in vars(klass)]
+        if custom:
+            return (f"{klass.__name__} defines {custom[0]}, which runs the class's own code where the model reads "
+                    "or builds the object")
+    for name in cls.__struct_fields__:
+        slot = _compat.class_attribute(cls, name)
+        owner = getattr(slot, "__objclass__", None)
+        if type(slot) is not types.MemberDescriptorType or owner not in cls.__mro__ \
+                or name not in getattr(owner, "__struct_fields__", ()):
+            return (f"its field {name!r} is shadowed by {type(slot).__name__} {name!r} of the class (eager reads "
+                    "that, not the field)")
     return None
 
 
@@ -112,6 +145,8 @@ def on_class_call(tx, cls, args, kwargs):
     except LookupError:
         return None
     fields = None
+    if why is None:
+        why = _compat.struct_model_unfit()
     if why is None:
         fields, why = _struct_fields(cls, args, kwargs)
     if why is not None:
@@ -238,29 +273,64 @@ def on_disabled_call(tx, fn, args, kwargs):
         if argument.name in bound.arguments:
             vt = bound.arguments[argument.name]
         else:
-            vt = _compat.constant_variable(signature.parameters[argument.name].default)
+            default = signature.parameters[argument.name].default
+            if not _is_plain_default(default):  # a default object the op cannot hand over as it is
+                _compat.unsupported(f"{LAUNCHER_REFUSED} ({argument.name}=)",
+                                    f"{fn.__qualname__}'s default for {argument.name} is not a plain constant; "
+                                    f"pass {argument.name} to the call")
+            vt = _compat.constant_variable(default)
         if not _fits(argument, vt):
             _compat.unsupported(f"{LAUNCHER_REFUSED} ({argument.name}=)",
                                 f"{fn.__qualname__} is called with {argument.name}= of a kind its op's schema "
-                                f"does not take ({argument.type})")
+                                f"does not take ({argument.type}), or that the op would hand the launcher as "
+                                f"another type (an int for a float, a tuple for a list)")
         (keywords.__setitem__(argument.name, vt) if argument.kwarg_only else positional.append(vt))
     return _compat.trace_call(tx, packet, positional, keywords)
 
 
+# What the op hands the launcher for a schema argument is what torch's dispatcher makes of the traced value: an int
+# given for `float` arrives as a float, True given for `int` as 1, a tuple for `int[]` as a list. Default deny:
+# only a value that arrives as it was given (the same Python type) is traced as the op.
+_SCALAR_TYPES = {"float": float, "int": int, "bool": bool, "str": str}
+
+
 def _fits(argument, vt) -> bool:
-    """Does the traced value `vt` fit the schema argument's kind (a tensor for a tensor, None only where
-    optional, no tensor for a scalar)? torch checks the rest when the op is traced."""
+    """Does the traced value `vt` reach the launcher through the op as eager passes it: a tensor for a tensor,
+    None only where optional, and for a scalar or an int list the very Python type the schema converts to (an
+    int for `float` would arrive as a float). Other schema types (Scalar, lists of tensors, dtypes, ...) are not
+    modelled. torch checks the rest when the op is traced."""
     text = str(argument.type)
     optional = text.startswith("Optional[")
+    inner = text[len("Optional["):-1] if optional else text
     known, value = _compat.constant_of(vt)
     if known and value is None:
         return optional
-    if text in ("Tensor", "Optional[Tensor]"):
+    if inner == "Tensor":
         return _compat.is_tensor_variable(vt)
-    return not _compat.is_tensor_variable(vt)
+    if _compat.is_tensor_variable(vt):
+        return False
+    if inner in _SCALAR_TYPES:
+        return _compat.python_type_of(vt) is _SCALAR_TYPES[inner]
+    if inner == "List[int]":
+        items = _compat.list_items_of(vt)
+        return items is not None and all(_compat.python_type_of(item) is int for item in items)
+    return False
 
 
 def _same_default(value, default) -> bool:
-    if value is None or default is None or isinstance(value, bool) or isinstance(default, bool):
-        return value is default
-    return type(value) is type(default) and _is_plain_default(value) and value == default
+    """Is `value` exactly `default`, so that the op, which runs the launcher with the default, runs what eager runs?
+    Default deny (issue 45): identical in value AND type, of a plain type only: None; bool, int, str, bytes of the
+    same type and equal; floats bit for bit (so -0.0 is not 0.0, a NaN is only its own NaN: not `==`, which takes
+    -0.0 for 0.0 and no NaN for itself); tuples element by element by the same rule. `1`, `True` and `1.0`
+    differ; a subclass (an IntEnum, a float subclass), a list or any other object is never at its default."""
+    if type(value) is not type(default):
+        return False
+    if value is None:
+        return True
+    if type(value) is tuple:
+        return len(value) == len(default) and all(_same_default(v, d) for v, d in zip(value, default))
+    if type(value) is float:
+        return struct.pack("<d", value) == struct.pack("<d", default)
+    if type(value) in (bool, int, str, bytes):
+        return value == default
+    return False

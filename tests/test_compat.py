@@ -336,6 +336,109 @@ def test_on_user_class_call_can_build_a_struct_variable_that_leaves_the_graph_as
     torch.testing.assert_close(pair.a, torch.full((2,), 2.0))
 
 
+class Triple:
+    """Modelled by the hook below as a container of three fields, one holding None."""
+
+    __slots__ = ("a", "b", "c")
+
+    def __init__(self, a, b, c=None):
+        self.a, self.b, self.c = a, b, c
+
+
+def test_the_struct_variable_sees_every_field_read_on_this_torch():
+    """Dynamo reads an attribute through var_getattr up to 2.13 and through tp_getattro_impl from 2.14 on: the
+    model must answer whichever this torch calls. fullgraph=True: a read the model does not see (a GetAttrVariable
+    in its place) breaks, or silently runs the frame eagerly, and `t.c is None` would be False. Checked here:
+    a None field read with `is`, arithmetic on a field, a field compared with the value it was given, hasattr,
+    and truth (no __bool__ / __len__), each with eager's value."""
+    def hook(tx, cls, args, kwargs):
+        if cls is Triple:
+            return _compat.struct_variable(cls, {"a": args[0], "b": args[1], "c": _compat.constant_variable(None)})
+        return None
+
+    assert _compat.on_user_class_call(hook) is True
+    try:
+        def fn(x, b):
+            t = Triple(x + 1, b)
+            is_none = 2 if t.c is None else 3
+            arithmetic = t.b * 2 + t.b // 2 - t.b % 2
+            compared = 10 if t.b == 3 else 20
+            has = hasattr(t, "a") + 2 * hasattr(t, "nothing")
+            return t.a * is_none + arithmetic + compared + has * 100 + (1000 if t else 0)
+
+        for b in (3, 4):
+            torch._dynamo.reset()
+            got = torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2), b)
+            torch.testing.assert_close(got, fn(torch.ones(2), b))
+    finally:
+        _compat._CLASS_CALL_HOOKS.remove(hook)
+
+
+def test_the_struct_variable_breaks_at_what_it_does_not_model():
+    """Default deny on this torch: comparing, hashing, iterating, a non-field attribute, ...: each breaks (fullgraph
+    raises with the model's words), or raises what eager raises (Dynamo reads the class's own slots first: no
+    __iter__, no __len__), never an answer made up as `object` would give it."""
+    def hook(tx, cls, args, kwargs):
+        if cls is Triple:
+            return _compat.struct_variable(cls, {"a": args[0], "b": args[1], "c": _compat.constant_variable(None)})
+        return None
+
+    bodies = [lambda t: t == t, lambda t: {t: 1}, lambda t: list(t), lambda t: t.__class__, lambda t: t + 1,
+              lambda t: len(t), lambda t: str(t)]
+    assert _compat.on_user_class_call(hook) is True
+    try:
+        for body in bodies:
+            try:
+                body(Triple(torch.ones(2), 1))
+                eager = None
+            except Exception as e:  # noqa: BLE001
+                eager = type(e)
+            torch._dynamo.reset()
+            try:
+                torch.compile(lambda x: (body(Triple(x, 1)), x + 1), backend="eager", fullgraph=True)(torch.ones(2))
+            except Exception as e:  # noqa: BLE001
+                # fullgraph: a break raises Unsupported; an exception Dynamo raises in the user's code arrives as
+                # "Observed exception" naming it, and must be eager's
+                assert isinstance(e, torch._dynamo.exc.Unsupported), (body, e)
+                if "Observed exception" in str(e):
+                    assert eager is not None and f"{eager.__name__}(" in str(e), (body, e)
+            else:
+                raise AssertionError(f"traced without a break: {body}")
+    finally:
+        _compat._CLASS_CALL_HOOKS.remove(hook)
+
+
+def test_on_disabled_call_sees_each_constant_exactly():
+    """The launcher hook decides "at its default" on the constant Dynamo hands it: -0.0 keeps its sign, a NaN
+    stays a NaN, True stays a bool, 1.0 a float, a tuple a tuple (compile_pass.traceable._same_default)."""
+    import math
+
+    def kernel(x, v):
+        return x
+
+    wrapped = torch.compiler.disable(kernel)
+    seen = []
+
+    def hook(tx, fn, args, kwargs):
+        known, value = _compat.constant_of(args[1])
+        seen.append((known, value))
+        return _compat.trace_call(tx, torch.mul, [args[0], _compat.constant_variable(2)], {})
+
+    values = [-0.0, float("nan"), True, 1.0, 1, (1, -0.0)]
+    assert _compat.on_disabled_call(hook) is True
+    try:
+        for v in values:
+            torch._dynamo.reset()
+            torch.compile(lambda x, v=v: wrapped(x, v), backend="eager", fullgraph=True)(torch.ones(2))
+    finally:
+        _compat._DISABLED_CALL_HOOKS.remove(hook)
+    assert [known for known, _ in seen] == [True] * len(values)
+    got = [value for _, value in seen]
+    assert math.copysign(1.0, got[0]) == -1.0 and math.isnan(got[1])
+    assert [type(v) for v in got] == [float, float, bool, float, int, tuple]
+    assert math.copysign(1.0, got[5][1]) == -1.0
+
+
 def test_on_disabled_call_traces_what_the_hook_returns_in_place_of_the_break():
     def kernel(x):
         return x * 2

@@ -37,6 +37,8 @@ from .caches import (  # noqa: F401
 from .dynamo_hooks import (  # noqa: F401
     _ITEM_HOOKS, on_captured_item, symbol_of, _GUARD_HOOKS, RETRY, on_data_dependent_guard, shape_env_of,
     assert_at_runtime, discard_graph_breaks, _CLASS_CALL_HOOKS, _DISABLED_CALL_HOOKS, unsupported,
-    on_user_class_call, on_disabled_call, disabled_target, constant_of, is_tensor_variable, constant_variable,
-    trace_call, build_struct, struct_variable,
+    on_user_class_call, on_disabled_call, disabled_target, constant_of, python_type_of, list_items_of,
+    is_tensor_variable, constant_variable,
+    trace_call, build_struct, struct_variable, class_attribute, NOT_IN_CLASS,
+    struct_model_unfit,
 )

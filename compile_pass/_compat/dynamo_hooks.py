@@ -11,6 +11,12 @@ checked on, what would remove it):
   * on_user_class_call wraps UserDefinedClassVariable.call_function; on_disabled_call wraps
     SkipFunctionVariable.call_function. Checked on 2.11.0, 2.13.0, 2.14.1 (2026-12-04). Removed when Dynamo
     traces msgspec.Struct construction and lets a backend trace a torch.compiler.disable()d call as an op.
+  * StructVariable (a VariableTracker subclass, not a patch) answers attribute reads through var_getattr (Dynamo
+    up to 2.13) and tp_getattro_impl (2.14 on); every other per-type method of this torch's VariableTracker
+    (truth, comparison, hashing, iteration, operators: 2.13's bool_impl / richcompare_impl, 2.14's nb_bool_impl /
+    tp_richcompare_impl, ...) breaks the graph on it (default deny). Where VariableTracker has neither attribute
+    reader, struct_model_unfit() turns the model off (a Struct breaks where it is built). Checked on 2.13.0 and
+    2.14.1 (2026-12-04); 2.11, 2.12 and 2.15 not installed here.
 The tests in tests/test_compat.py fail when a hook stops seeing what it models.
 """
 
@@ -224,6 +230,28 @@ def constant_of(vt) -> tuple[bool, Any]:
     return False, None
 
 
+def python_type_of(vt):
+    """The Python type of the value Dynamo's VariableTracker `vt` stands for (a constant's own type, a SymInt's
+    int), or None where it cannot say."""
+    known, value = constant_of(vt)
+    if known:
+        return type(value)
+    try:
+        return vt.python_type()
+    except Exception:  # noqa: BLE001  (a VariableTracker that cannot say)
+        return None
+
+
+def list_items_of(vt):
+    """The items (VariableTrackers) of a Python list Dynamo traces (not a tuple), or None."""
+    from torch._dynamo.variables.lists import ListVariable
+
+    if type(vt) is not ListVariable:
+        known, value = constant_of(vt)
+        return [constant_variable(v) for v in value] if known and type(value) is list else None
+    return list(vt.items)
+
+
 def is_tensor_variable(vt) -> bool:
     from torch._dynamo.variables.tensor import TensorVariable
 
@@ -249,22 +277,76 @@ def build_struct(cls, names: tuple, *values):
 
 
 _STRUCT_VARIABLE: list = []
+NOT_IN_CLASS = object()  # class_attribute's answer for a name no class of the MRO defines
+
+
+def class_attribute(cls, name: str):
+    """What `cls`'s own MRO (not its metaclass) holds under `name`, as the instance's attribute lookup finds it
+    (the first class that defines it, unbound: a function, a property, a member descriptor), or NOT_IN_CLASS."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return NOT_IN_CLASS
+
+
+# The methods through which Dynamo reads an attribute of a VariableTracker's object, by torch version: var_getattr
+# (2.11-2.13), tp_getattro_impl (2.14, 2.15). The model answers both; on a torch whose VariableTracker has neither,
+# a field read would reach Dynamo's generic fallback (a GetAttrVariable: `t.v2p is None` False, arithmetic on a
+# field running the frame eagerly), so the model turns itself off there (struct_model_unfit).
+_ATTRIBUTE_READERS = ("var_getattr", "tp_getattro_impl")
+
+
+def struct_model_unfit() -> str | None:
+    """None where struct_variable models a Struct exactly on this torch; else why not (Struct construction then
+    breaks the graph, as without the backend)."""
+    import types
+
+    from torch._dynamo.variables.base import VariableTracker
+
+    if not any(isinstance(vars(VariableTracker).get(name), types.FunctionType) for name in _ATTRIBUTE_READERS):
+        return (f"this torch's Dynamo ({torch.__version__}) reads attributes through none of "
+                f"{', '.join(_ATTRIBUTE_READERS)}: the Struct model would not see field reads, so it is off")
+    return None
 
 
 def struct_variable(cls, fields: dict):
     """A Dynamo VariableTracker for a new instance of the msgspec.Struct class `cls` with these field values
     (VariableTrackers, every field given): the plain attribute container a Struct is. Reading a field gives its
     value; a method or property of the class is inlined with this object as `self`; anything else (setting an
-    attribute, comparing, hashing, ...) breaks the graph, where Dynamo builds the object with
+    attribute, comparing, hashing, truth, iteration, ...) breaks the graph, where Dynamo builds the object with
     `cls(**fields)` and Python runs the rest. Dynamo builds it that way wherever it leaves the graph, once per
-    object (a value used twice is kept in a temporary)."""
+    object (a value used twice is kept in a temporary). The caller (compile_pass.traceable.struct_refusal) has
+    checked that no class of `cls`'s MRO customises attribute access or construction."""
     if not _STRUCT_VARIABLE:
         _STRUCT_VARIABLE.append(_make_struct_variable_class())
     return _STRUCT_VARIABLE[0](cls, dict(fields))
 
 
+# The methods through which Dynamo asks a VariableTracker what an operation on its object does: each version names
+# them its own way (2.13: bool_impl, richcompare_impl, sq_length, ...; 2.14: nb_bool_impl, tp_richcompare_impl,
+# sq_length_impl, tp_getattro_impl, ...), and the base class answers as `object` would. A Struct's class may answer
+# otherwise (a __bool__, __len__, __eq__, __iter__, __add__ of its own, or msgspec's field-wise __eq__ and hash):
+# default deny, every such method of this torch's VariableTracker breaks the graph on a StructVariable, except the
+# few modelled below (attribute reads, hasattr).
+_SLOT_PREFIXES = ("nb_", "sq_", "mp_", "tp_")
+_SLOT_EXTRAS = ("bool_impl", "hash_impl", "richcompare_impl", "repr_impl", "str_impl", "call_function",
+                "unpack_var_sequence", "call_getattr_fallback", "lookup_instance_dict", "get_dict_vt")
+_MODELLED = ("tp_getattro_impl", "var_getattr", "call_obj_hasattr", "call_method")
+
+
+def _denied_slots(base) -> list[str]:
+    import types
+
+    names = []
+    for name, member in vars(base).items():
+        if not isinstance(member, types.FunctionType) or name in _MODELLED:
+            continue
+        if name.endswith("_impl") or name.startswith(_SLOT_PREFIXES) or name in _SLOT_EXTRAS:
+            names.append(name)
+    return names
+
+
 def _make_struct_variable_class():
-    import inspect
     import types
 
     from torch._dynamo.bytecode_transformation import create_call_function
@@ -288,25 +370,46 @@ def _make_struct_variable_class():
         def __repr__(self):
             return f"StructVariable({self.cls.__name__})"
 
-        def var_getattr(self, tx, name):
+        def attribute(self, tx, name):
+            """`obj.name`, modelled exactly: a field's value; a plain function of the class, bound to this object;
+            a plain property (exactly `property`, its getter a plain function), inlined. Else the graph breaks."""
             if name in self.fields:
                 return self.fields[name]
-            static = inspect.getattr_static(self.cls, name, None)
-            if isinstance(static, types.FunctionType):
+            static = class_attribute(self.cls, name)
+            if type(static) is types.FunctionType:
                 return UserMethodVariable(static, self)
-            if isinstance(static, property) and isinstance(static.fget, types.FunctionType):
+            if type(static) is property and type(static.fget) is types.FunctionType:
                 return UserFunctionVariable(static.fget).call_function(tx, [self], {})
             unsupported("syncfree: msgspec.Struct attribute",
-                        f"{self.cls.__name__}.{name} is not a field, a method or a property of the class")
+                        f"{self.cls.__name__}.{name} is not a field, a plain method or a plain property of the class")
+
+        # Dynamo reads an attribute through var_getattr up to torch 2.13 and through tp_getattro_impl from 2.14
+        # on: both are this model (tests/test_compat.py fails when neither is called).
+        def var_getattr(self, tx, name):
+            return self.attribute(tx, name)
+
+        def tp_getattro_impl(self, tx, name):
+            return self.attribute(tx, name)
 
         def call_obj_hasattr(self, tx, name):
+            """hasattr(obj, name): True for a field, a plain function, a staticmethod or classmethod or a plain
+            class constant (none of which can raise AttributeError); False where no class of the MRO defines the
+            name (no __getattr__: the class was refused otherwise); else (a property, which may raise, another
+            descriptor) the graph breaks."""
             if name in self.fields:
                 return constant_variable(True)
-            return constant_variable(hasattr(self.cls, name))
+            static = class_attribute(self.cls, name)
+            if static is NOT_IN_CLASS:
+                return constant_variable(False)
+            if type(static) in (types.FunctionType, staticmethod, classmethod) \
+                    or not hasattr(type(static), "__get__"):
+                return constant_variable(True)
+            unsupported("syncfree: msgspec.Struct attribute",
+                        f"hasattr on {self.cls.__name__}.{name} runs a descriptor; not modelled while tracing")
 
         def call_method(self, tx, name, args, kwargs):
-            static = inspect.getattr_static(self.cls, name, None)
-            if not name.startswith("__") and isinstance(static, types.FunctionType):
+            static = class_attribute(self.cls, name)
+            if not name.startswith("__") and name not in self.fields and type(static) is types.FunctionType:
                 return UserFunctionVariable(static).call_function(tx, [self, *args], kwargs)
             unsupported("syncfree: msgspec.Struct method",
                         f"{self.cls.__name__}.{name}() is not modelled while tracing (it runs in Python)")
@@ -320,4 +423,14 @@ def _make_struct_variable_class():
                 codegen(self.fields[name])
             codegen.extend_output(create_call_function(2 + len(names), False))
 
+    def _deny(name):
+        def denied(self, *args, **kwargs):
+            unsupported("syncfree: msgspec.Struct operation",
+                        f"{name} on a {self.cls.__name__} is not modelled while tracing (its class may define it)")
+        denied.__name__ = name
+        return denied
+
+    for name in _denied_slots(VariableTracker):
+        if name not in vars(StructVariable):
+            setattr(StructVariable, name, _deny(name))
     return StructVariable
