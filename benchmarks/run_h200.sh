@@ -16,7 +16,9 @@
 #              so that a read past a tensor is an error memcheck sees; prints the ERROR SUMMARY line
 #   loop       benchmarks/decode_loop.py $LOOP_ARGS (the 8B-shaped generation loop)
 #   short      benchmarks/paged_decode.py --compare --sweep-short: the short-context path against the split path
-#   engine-steps  benchmarks/engine_steps_gpu.py: issue 20's MLA-style, indptr, flat kv_indices and regional steps and issue 30's
+#   round-up   benchmarks/engine_steps_gpu.py --residue-sweep at max_context_len $ROUND_UP_BOUND (default 32768):
+#              TRTLLM-MLA's round-up and FlashMLA's scratch, maxima at the edges of every residue class (issue 45)
+#   engine-steps  benchmarks/engine_steps_gpu.py ($ENGINE_ARGS): issue 20's MLA-style, indptr, flat kv_indices and regional steps and issue 30's
 #              FlashMLA-shaped (grown scratch) and TRTLLM-MLA-shaped (round-up width) steps,
 #              cudagraphs=True, replayed under sync debug "error", equal to eager, partitions counted
 #   pagetable-tests  pytest -m gpu tests/kernels/test_page_table_gpu.py (the page-table op against eager indexing on CUDA)
@@ -134,7 +136,17 @@ for stage in "$@"; do
     engine-steps)
       # issue 20's MLA-style, indptr, flat kv_indices and regional steps, issue 30's flashmla_scratch and
       # trtllm_round_up, under cudagraphs (engine_steps_gpu.py)
-      TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py --json "$OUT/engine_steps.json"
+      # shellcheck disable=SC2086
+      TAIL=12 bench "${ENGINE_LIMIT:-240}" engine_steps engine_steps_gpu.py ${ENGINE_ARGS:-} --json "$OUT/engine_steps.json"
+      ;;
+    round-up)
+      # issue 45: TRTLLM-MLA's round-up at max_context_len $ROUND_UP_BOUND (default 32768), maxima at the edges of
+      # every residue class of the round-up, cudagraphs, replayed under sync debug "error": equal to eager, no device
+      # assert, one partition per batch size; then FlashMLA's grown scratch at the same bound
+      # shellcheck disable=SC2086
+      TAIL=12 bench "${ROUND_UP_LIMIT:-300}" round_up engine_steps_gpu.py --steps trtllm_round_up flashmla_scratch \
+        --max-context-len "${ROUND_UP_BOUND:-32768}" --residue-sweep --batches "${ROUND_UP_BATCHES:-4,1}" \
+        --json "$OUT/round_up.json"
       ;;
     pagetable-tests)
       timeout "${PT_TESTS_LIMIT:-150}" python -P -m pytest -q -rs -p no:cacheprovider -m gpu tests/kernels/test_page_table_gpu.py \
