@@ -43,9 +43,8 @@ if not _LIGHT:
     from . import kernels  # noqa: F401  (registers the torch.ops.syncfree ops)
     from . import cache  # noqa: F401  (compile_pass.cache: start-up caches to build once and ship)
     from .backend import compile, syncfree_backend
-    from .consumers import (
+    from .rules.self_guarding import (
         SelfGuardingConsumer,
-        register_builtin_consumers,
         register_self_guarding_consumer,
         registered_consumers,
         unregister_self_guarding_consumer,
@@ -59,7 +58,6 @@ if not _LIGHT:
     from .log import register_with_torch as _register_log
     from ._triton_cache import install as _record_triton_compiles
 
-    register_builtin_consumers()
     _register_log()  # TORCH_LOGS=syncfree, torch._logging.set_logs(modules={"syncfree": logging.INFO})
     # Triton's compiles and cache hits of this package's kernels, for compile_pass.cache to ship their binaries
     # (before any of them can launch: they are defined in this package).

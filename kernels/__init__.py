@@ -7,7 +7,7 @@ from . import kv_store as _kv_store  # noqa: F401,E402  (registers syncfree::sto
 from . import kv_indices as _kv_indices  # noqa: F401,E402  (registers syncfree::kv_indices)
 from . import ragged_extend as _ragged_extend  # noqa: F401,E402  (registers syncfree::ragged_extend_attention)
 
-# Each op's self-guarding facts, next to the op; compile_pass.consumers registers them.
+# Each op's self-guarding facts, next to the op; compile_pass.rules.self_guarding registers them.
 SELF_GUARDING = {**_paged_decode.SELF_GUARDING, **_flash_attn.SELF_GUARDING}
 # Facts for ops defined elsewhere (sgl_kernel, flash_attn_interface), registered when the op first shows up.
 EXTERNAL_SELF_GUARDING = dict(_flash_attn.EXTERNAL_SELF_GUARDING)

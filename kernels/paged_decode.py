@@ -23,8 +23,8 @@ from ._checks import ATTN_DTYPES, check_index_tensor, check_same_device
 from ._triton import cdiv, launch, sm_count, use_triton
 from .warmup import warmable
 
-# The facts the compile pass relies on (compile_pass.consumers registers them): the argument that holds the
-# page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
+# The facts the compile pass relies on (compile_pass.rules.self_guarding registers them): the argument that holds
+# the page table, the lengths the op guards every row by, and the arguments that accept any upper bound.
 SELF_GUARDING = {"syncfree::paged_decode": dict(page_table="page_table", lengths="cache_seqlens",
                                                 upper_bounds=("max_seqlen_k",), page_size_of=("k_cache", 1))}
 

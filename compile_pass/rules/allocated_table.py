@@ -38,7 +38,7 @@ from .. import _compat, traced_ranges
 from .._compat import example_value, fake_mode_of
 from ..allocations import (block_count, in_grid, is_row_view, is_table_of, reads_of, round_up, rounded_width, size_checks,
                            slice_of, width_of)
-from ..consumers import bind_arguments, lookup_consumer
+from ..consumers import bind_arguments
 from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import node_location, replace_uses
@@ -47,6 +47,7 @@ from ..normalize import ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, pa
 from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
 from .bounded_writers import BoundedWriter, Launch, launch_of
+from .self_guarding import lookup_consumer
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
 RULE = "allocated_table"

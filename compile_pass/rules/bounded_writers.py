@@ -12,10 +12,17 @@ import torch
 import torch.fx
 
 from .. import _compat
-from ..consumers import bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts, \
-    unregister_facts
+from ..consumers import (INT, TENSOR, FactKind, Param, Signature, argument, bind_arguments, constant, facts_of,
+                         load_facts, lookup_facts, overload_name, register_facts, signature_of, unregister_facts)
 
 RULE = "allocated_table"  # the rule whose facts these are (consumers' registry is scoped by rule)
+
+
+def _positive_int(what: str):
+    def check(label: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be {what}, got {value!r}")
+    return check
 
 
 # -- facts: bounded writers -------------------------------------------------------------------------------
@@ -30,14 +37,29 @@ class BoundedWriter:
     count that covers the widest row writes the same. An op owns its launch."""
 
     name: str  # "module:qualname" of the kernel's Python function, or the op's "ns::name.overload"
-    table: str  # the parameter that takes the [rows, n] table (written in place)
-    lengths: str  # the parameter that takes the per-row lengths, in tokens
-    page_size: int | str  # tokens per page: an int, or the parameter (constexpr or int) that holds it
-    req_pool_indices: str | None = None  # the request indices it reads (checked like the lengths)
-    req_to_token: str | None = None  # the token table it reads
-    table_stride: str | None = None  # the parameter that takes table.stride(0), if any
-    pages_per_program: int | None = None  # a kernel's pages per program along grid axis 1 (None: one program/row)
+    table: str = argument(TENSOR)  # the parameter that takes the [rows, n] table (written in place)
+    lengths: str = argument(TENSOR)  # the parameter that takes the per-row lengths, in tokens
+    page_size: int | str = argument(INT, constant=_positive_int("an int >= 1 or a parameter name"))  # or its parameter
+    req_pool_indices: str | None = argument(TENSOR, default=None)  # the request indices (checked like the lengths)
+    req_to_token: str | None = argument(TENSOR, default=None)  # the token table it reads
+    table_stride: str | None = argument(INT, default=None)  # the parameter that takes table.stride(0), if any
+    pages_per_program: int | None = constant(_positive_int("an int >= 1"), default=None)  # a kernel's, grid axis 1
     op: bool = False  # a torch op (its schema says what it writes), not a Triton kernel
+
+
+def _check(writer: BoundedWriter, signature: Signature) -> None:
+    """An op's schema writes its table and nothing else, returns nothing; its launch is its own."""
+    if not writer.op:
+        return
+    written = [name for name, p in signature.params.items() if p.written]
+    if written != [writer.table] or signature.returns:
+        raise ValueError(f"{writer.name} must write only its table {writer.table!r} and return nothing (its schema "
+                         f"writes {written} and returns {signature.returns} values)")
+    if writer.pages_per_program is not None:
+        raise ValueError("pages_per_program describes a Triton kernel's launch grid; an op owns its launch")
+
+
+BOUNDED_WRITER = FactKind(RULE, BoundedWriter, "a bounded writer", noun="parameter", check=_check)
 
 
 def kernel_name(kernel) -> str:
@@ -54,11 +76,14 @@ def _key(name: str) -> str:
     return overload_name("triton::" + name)
 
 
-def _kernel_arg_names(kernel):
+def _kernel_signature(kernel) -> Signature:
+    """A kernel's parameter names (their kinds are not known), or nothing known for a 'module:qualname' string."""
+    name = kernel if isinstance(kernel, str) else kernel_name(kernel)
     obj, seen = kernel, 0
     while getattr(obj, "arg_names", None) is None and hasattr(obj, "fn") and seen < 8:
         obj, seen = obj.fn, seen + 1
-    return getattr(obj, "arg_names", None)
+    names = None if isinstance(kernel, str) else getattr(obj, "arg_names", None)
+    return Signature(name, None if names is None else {n: Param(None, None) for n in names}, key=_key(name))
 
 
 def _is_op(kernel) -> bool:
@@ -69,12 +94,6 @@ def _is_op(kernel) -> bool:
         or isinstance(getattr(kernel, "_opoverload", None), torch._ops.OpOverload)
 
 
-def _op_schema(name: str):
-    namespace, rest = name.split("::", 1)
-    opname, overload = rest.split(".", 1)
-    return getattr(getattr(getattr(torch.ops, namespace), opname), overload)._schema
-
-
 def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int | str,
                             req_pool_indices: str | None = None, req_to_token: str | None = None,
                             table_stride: str | None = None, pages_per_program: int | None = None) -> BoundedWriter:
@@ -83,47 +102,14 @@ def register_bounded_writer(kernel, *, table: str, lengths: str, page_size: int 
     names are checked against its parameters; an op's schema must write its `table` and nothing else, and return
     nothing. Registering again replaces."""
     op = _is_op(kernel)
-    if op:
-        name = overload_name(kernel)
-        try:
-            schema = _op_schema(name)
-        except (AttributeError, RuntimeError) as e:
-            raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
-        arg_names = [a.name for a in schema.arguments]
-        written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        if written != [table] or schema.returns:
-            raise ValueError(f"{name} must write only its table {table!r} and return nothing (its schema writes "
-                             f"{written} and returns {len(schema.returns)} values)")
-        if pages_per_program is not None:
-            raise ValueError("pages_per_program describes a Triton kernel's launch grid; an op owns its launch")
-    else:
-        name = kernel if isinstance(kernel, str) else kernel_name(kernel)
-        arg_names = None if isinstance(kernel, str) else _kernel_arg_names(kernel)
-    if isinstance(page_size, bool) or not (isinstance(page_size, str) or (isinstance(page_size, int)
-                                                                          and page_size >= 1)):
-        raise ValueError(f"page_size must be an int >= 1 or a parameter name, got {page_size!r}")
-    if pages_per_program is not None and (isinstance(pages_per_program, bool) or not isinstance(
-            pages_per_program, int) or pages_per_program < 1):
-        raise ValueError(f"pages_per_program must be an int >= 1, got {pages_per_program!r}")
-    named = {"table": table, "lengths": lengths, "req_pool_indices": req_pool_indices,
-             "req_to_token": req_to_token, "table_stride": table_stride,
-             "page_size": page_size if isinstance(page_size, str) else None}
-    for label, value in named.items():
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{label} must be a parameter name, got {value!r}")
-        if value is not None and arg_names is not None and value not in arg_names:
-            raise ValueError(f"{label}={value!r} is not a parameter of {name} (parameters: {list(arg_names)})")
-    facts = BoundedWriter(name, table, lengths, page_size, req_pool_indices, req_to_token, table_stride,
-                          pages_per_program, op)
-    register_facts(RULE, name if op else _key(name), facts)
-    return facts
+    return register_facts(BOUNDED_WRITER, signature_of(kernel) if op else _kernel_signature(kernel), dict(
+        table=table, lengths=lengths, page_size=page_size, req_pool_indices=req_pool_indices,
+        req_to_token=req_to_token, table_stride=table_stride, pages_per_program=pages_per_program, op=op))
 
 
 def unregister_bounded_writer(kernel) -> None:
-    if _is_op(kernel):
-        unregister_facts(RULE, overload_name(kernel))
-        return
-    unregister_facts(RULE, _key(kernel if isinstance(kernel, str) else kernel_name(kernel)))
+    unregister_facts(BOUNDED_WRITER, kernel if _is_op(kernel) else _key(kernel if isinstance(kernel, str)
+                                                                          else kernel_name(kernel)))
 
 
 def bounded_writer_of(kernel) -> BoundedWriter | None:
@@ -131,7 +117,7 @@ def bounded_writer_of(kernel) -> BoundedWriter | None:
         name = kernel if isinstance(kernel, str) else kernel_name(kernel)
     except TypeError:
         return None
-    return facts_of(RULE).get(_key(name))
+    return facts_of(BOUNDED_WRITER).get(_key(name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,13 +142,10 @@ def launch_of(node: torch.fx.Node) -> Launch | None:
             name = type(kernel).__name__
         args = {**constants, **dict(node.kwargs.get("kwargs", {}))}
         return Launch(node, name, bounded_writer_of(kernel), args, node.kwargs.get("grid"))
-    facts = lookup_facts(RULE, node) if node.op == "call_function" else None
+    facts = lookup_facts(BOUNDED_WRITER, node) if node.op == "call_function" else None
     if facts is None:
         return None
-    schema = _op_schema(facts.name)
-    args = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    args.update(bind_arguments(facts.name, node.args, node.kwargs))
-    return Launch(node, facts.name, facts, args)
+    return Launch(node, facts.name, facts, bind_arguments(facts.name, node.args, node.kwargs, defaults=True))
 
 
 def _builtin_writers() -> dict:

@@ -29,8 +29,8 @@ import torch.fx
 from .. import kernels
 from ..bounds import require_bound
 from .._compat import example_value, fake_mode_of
-from ..consumers import (_resolve, bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts,
-                         schema_argument_names, unregister_facts)
+from ..consumers import (TENSOR, FactKind, argument, bind_arguments, facts_of, load_facts, lookup_facts, register_facts,
+                         unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..fx_util import insert_device_assert, node_location
 from ..mutations import written_by
@@ -54,9 +54,9 @@ class IndptrWriter:
     """An overload that writes only out[indptr[b] : indptr[b] + lengths[b]] (and nothing outside `out`)."""
 
     name: str
-    out: str
-    indptr: str
-    lengths: str
+    out: str = argument(TENSOR, written=True)
+    indptr: str = argument(TENSOR)
+    lengths: str = argument(TENSOR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,47 +64,25 @@ class IndptrReader:
     """An overload that reads only indices[indptr[b] : indptr[b] + lengths[b]] and writes none of them."""
 
     name: str
-    indices: str
-    indptr: str
-    lengths: str
+    indices: str = argument(TENSOR, written=False)
+    indptr: str = argument(TENSOR, written=False)
+    lengths: str = argument(TENSOR, written=False)
 
 
-def _schema_of(name: str):
-    try:
-        return _resolve(name)._schema
-    except (AttributeError, RuntimeError) as e:
-        raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
-
-
-def _check_names(name: str, **arguments) -> None:
-    names = schema_argument_names(name)
-    for label, value in arguments.items():
-        if value not in names:
-            raise ValueError(f"{label}={value!r} is not an argument of {name} (arguments: {names})")
+INDPTR_WRITER = FactKind(FACTS, IndptrWriter, "an indptr writer")
+INDPTR_READER = FactKind(FACTS, IndptrReader, "a reader through an indptr")
 
 
 def register_indptr_writer(op, *, out: str, indptr: str, lengths: str) -> IndptrWriter:
     """Declare that `op` (one overload) writes only out[indptr[b] : indptr[b] + lengths[b]] of its `out` argument,
     which its schema must mark written (`Tensor(a!)`)."""
-    name = overload_name(op)
-    schema = _schema_of(name)
-    _check_names(name, out=out, indptr=indptr, lengths=lengths)
-    arg = next(a for a in schema.arguments if a.name == out)
-    if arg.alias_info is None or not arg.alias_info.is_write:
-        raise ValueError(f"{name}'s {out} is not written by its schema (mutates_args must name it)")
-    return register_facts(FACTS, name, IndptrWriter(name, out, indptr, lengths))
+    return register_facts(INDPTR_WRITER, op, dict(out=out, indptr=indptr, lengths=lengths))
 
 
 def register_indptr_reader(op, *, indices: str, indptr: str, lengths: str) -> IndptrReader:
     """Declare that `op` (one overload) reads only indices[indptr[b] : indptr[b] + lengths[b]] (an attention op
     over a flat kv_indices buffer, FlashInfer's layout); its schema must write none of the three."""
-    name = overload_name(op)
-    schema = _schema_of(name)
-    _check_names(name, indices=indices, indptr=indptr, lengths=lengths)
-    for a in schema.arguments:
-        if a.name in (indices, indptr, lengths) and a.alias_info is not None and a.alias_info.is_write:
-            raise ValueError(f"{name} writes its {a.name}: a reader through an indptr must not")
-    return register_facts(FACTS, name, IndptrReader(name, indices, indptr, lengths))
+    return register_facts(INDPTR_READER, op, dict(indices=indices, indptr=indptr, lengths=lengths))
 
 
 def unregister_flat_kv_facts(op) -> None:

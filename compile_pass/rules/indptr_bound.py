@@ -45,8 +45,8 @@ import torch.fx
 
 from .. import kernels
 from .._compat import example_value, known_equal
-from ..consumers import bind_arguments, facts_of, load_facts, lookup_facts, overload_name, register_facts, \
-    schema_argument_names, unregister_facts
+from ..consumers import (INT, TENSOR, FactKind, argument, arguments, bind_arguments, facts_of, load_facts,
+                         lookup_facts, register_facts, unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..fx_util import insert_call, node_location, set_argument
 from ..normalize import INT_DTYPES, cumsum_source, dtype_of, indptr_of, plus_constant, strip_kept_values
@@ -64,38 +64,33 @@ class IndptrBoundConsumer:
     whose `upper_bounds` arguments accept any int >= max_b (indptr[b + 1] - indptr[b])."""
 
     name: str
-    indptr: str
-    upper_bounds: tuple
+    indptr: str = argument(TENSOR)
+    upper_bounds: tuple = arguments(INT)
+
+
+def _check(entry: IndptrBoundConsumer, signature) -> None:
+    if not entry.upper_bounds:
+        raise ValueError("upper_bounds must name at least one argument of " + entry.name)
+    if entry.indptr in entry.upper_bounds:
+        raise ValueError(f"{entry.indptr!r} cannot be both the indptr and an upper bound")
+
+
+INDPTR_BOUND_CONSUMER = FactKind(RULE, IndptrBoundConsumer, "an indptr-bound consumer", check=_check)
 
 
 def register_indptr_bound_consumer(op, *, indptr: str, upper_bounds) -> IndptrBoundConsumer:
     """Declare that the overload `op` reads row b's entries [indptr[b], indptr[b + 1]) and nothing else of its
     ragged inputs, and that each argument named in `upper_bounds` (e.g. SGLang's max_len_extend) accepts any int
     at or above the longest row. `op` is one overload; a packet, a custom_op or 'ns::name' means `.default`."""
-    name = overload_name(op)
-    try:
-        names = schema_argument_names(name)
-    except (AttributeError, RuntimeError) as e:
-        raise ValueError(f"op {name!r} is not a registered torch op overload: {e}") from None
-    if isinstance(upper_bounds, str):
-        raise TypeError(f"upper_bounds must be a tuple of argument names, got the string {upper_bounds!r}")
-    upper_bounds = tuple(upper_bounds)
-    if not upper_bounds:
-        raise ValueError("upper_bounds must name at least one argument of " + name)
-    for label, value in [("indptr", indptr)] + [("upper_bounds entry", v) for v in upper_bounds]:
-        if value not in names:
-            raise ValueError(f"{label} {value!r} is not an argument of {name} (arguments: {names})")
-    if indptr in upper_bounds:
-        raise ValueError(f"{indptr!r} cannot be both the indptr and an upper bound")
-    return register_facts(RULE, name, IndptrBoundConsumer(name, indptr, upper_bounds))
+    return register_facts(INDPTR_BOUND_CONSUMER, op, dict(indptr=indptr, upper_bounds=upper_bounds))
 
 
 def unregister_indptr_bound_consumer(op) -> None:
-    unregister_facts(RULE, op)
+    unregister_facts(INDPTR_BOUND_CONSUMER, op)
 
 
 def registered_indptr_bound_consumers() -> dict:
-    return facts_of(RULE)
+    return facts_of(INDPTR_BOUND_CONSUMER)
 
 
 load_facts(kernels.INDPTR_BOUND, register_indptr_bound_consumer)
@@ -152,7 +147,7 @@ class _Walk(HostMaxWalk):
         self.bounds, self.zero_heads = [], []
 
     def on_use(self, user: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
-        facts = lookup_facts(RULE, user) if user.op == "call_function" else None
+        facts = lookup_facts(INDPTR_BOUND_CONSUMER, user) if user.op == "call_function" else None
         if not isinstance(facts, IndptrBoundConsumer):
             return False
         names = self.upper_bound_names(user, facts, node)
@@ -223,7 +218,7 @@ class _Walk(HostMaxWalk):
 
 def _reaches_consumer(value: torch.fx.Node, depth: int = 3) -> bool:
     for user in value.users:
-        if user.op == "call_function" and isinstance(lookup_facts(RULE, user), IndptrBoundConsumer):
+        if user.op == "call_function" and isinstance(lookup_facts(INDPTR_BOUND_CONSUMER, user), IndptrBoundConsumer):
             return True
         if depth and plus_constant(user, value) is not None and _reaches_consumer(user, depth - 1):
             return True

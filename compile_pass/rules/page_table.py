@@ -21,7 +21,7 @@ After (max_context_len=4096):
 The proof (docs/design.md, "The safety rule"): the family's walk over the uses of `m` (rules/host_max.py: `m + c`,
 `min(m + c, T)`, the user's checks kept on the device, escapes) with this rule's hooks:
   1. the stop of a page-table gather `X[rpi, :m:ps] // ps` (widening casts allowed) whose result reaches only the
-     page-table argument of self-guarding consumers (facts: consumers.SelfGuardingConsumer, per overload), or a
+     page-table argument of self-guarding consumers (facts: self_guarding.SelfGuardingConsumer, per overload), or a
      page count `(m + ps - 1) // ps` slicing a page-level table `P[rpi, :n]`;
   2. an upper-bound argument of a self-guarding consumer (max_seqlen_k), or of a scheduler-metadata producer
      whose result reaches only consumers of the same max (FA3's get_scheduler_metadata: a joint rewrite).
@@ -39,7 +39,7 @@ import torch
 import torch.fx
 
 from .._compat import example_value
-from ..consumers import SelfGuardingConsumer, bind_arguments, lookup_consumer
+from ..consumers import bind_arguments
 from ..find_sync_points import SyncPoint
 from ..fx_util import drop_constant_region_inputs, insert_call, node_location, replace_in_output, set_argument, \
     size_node
@@ -52,6 +52,7 @@ from ..proof import (LengthsRelation, ProofContext, Unsafe, check_outputs_keep, 
                      describe_use, why_not)
 from . import register_rule
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
+from .self_guarding import SelfGuardingConsumer, lookup_consumer
 
 REASONS = declare_reasons("page_table", {
     "table_size_read": "the page table's size is read",
