@@ -22,8 +22,8 @@ Variants, per (layers, batch), each compiled fresh (torch._dynamo.reset() betwee
                      this is what the wrapper costs per call
 
 Before every call of ours and stock on CUDA, torch.compiler.cudagraph_mark_step_begin() (a new generation step, as
-an engine marks it): counted in their time. Timing: --rounds rounds; in each, every variant (the order rotating
-from round to round) makes one untimed call, then --calls calls back to back after a synchronize (on a loaded CPU,
+an engine marks it): counted in their time. Timing: --rounds rounds; in each, every variant (in an order shuffled
+every round) makes one untimed call, then --calls calls back to back after a synchronize (on a loaded CPU,
 many rounds of one call each are the steadiest: --rounds 1500 --calls 1): host_us is the time until the last call
 returns, per call (the host's cost while the CPU runs ahead), wall_us the time until a synchronize after it
 returns, per call (the step's cost: the larger of host and GPU time), thread_us the CPU time the calling thread
@@ -44,6 +44,7 @@ import cProfile
 import os
 import platform
 import pstats
+import random
 import statistics
 import sys
 import time
@@ -189,8 +190,11 @@ def time_rounds(calls: dict, device: str, rounds: int, n: int) -> dict:
     counted (on CPU that alone is ~100 us of a ~1 ms step, depending on which variant ran before)."""
     names = list(calls)
     out = {name: {"host_us": [], "wall_us": [], "thread_us": []} for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        order = list(names)
+        shuffle(order)  # a new order every round: no variant always runs after the same one
+        for name in order:
             call = calls[name]
             call()
             sync(device)
