@@ -124,17 +124,12 @@ def report_of(result: PassResult, opts: SyncfreeOptions) -> SyncReport:
     return report
 
 
-_BREAKS_SEEN: list = [0, None]  # how many, and the last one
-
-
 def _new_graph_breaks() -> list[SyncItem]:
-    """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync."""
-    reasons = _compat.graph_break_reasons()
-    seen, last = _BREAKS_SEEN
-    if len(reasons) < seen or (seen and reasons[seen - 1] != last):  # torch._dynamo.reset() cleared them
-        seen = 0
-    new = reasons[seen:]
-    _BREAKS_SEEN[:] = [len(reasons), reasons[-1] if reasons else None]
+    """Graph breaks Dynamo recorded since the last graph it handed us: those at a host read cost a sync. Each
+    break Dynamo records is returned once (marked on Dynamo's own record): after torch._dynamo.reset() an
+    identical break of the same step compiled again is a new one (a count and the last break's text were not
+    enough to tell)."""
+    new = _compat.unseen_graph_break_reasons()
     items = []
     for reason, location in new:
         host = any(word in reason for word in ("generic_jump", "item()", ".item", "tolist", "numpy",
@@ -400,4 +395,5 @@ def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int 
 
     run._syncfree_compiled = compiled  # type: ignore[attr-defined]
     run._syncfree_reports = graph_reports  # type: ignore[attr-defined]  (compile_pass.reports(run))
+    run._syncfree_options = opts  # type: ignore[attr-defined]  (compile_pass.cache.options_of: load_compiled)
     return run

@@ -23,7 +23,7 @@ from .fx_util import node_location
 from .normalize import DEVICE_COPY_METHODS
 from .options import SyncfreeOptions
 from .proof import ProofContext, Unsafe
-from .report import SyncItem, escape_location, occurrence_fields
+from .report import SyncItem, escape_location, name_inputs_as_written, occurrence_fields
 from .rules import registered_rules
 
 
@@ -114,6 +114,9 @@ class SyncPass:
         result.static_inputs = sorted(positions[n] for n in static if n in positions)
         result.static_names = [_input_name(n) for n in sorted((n for n in static if n in positions),
                                                               key=positions.__getitem__)]
+        # Reasons name the graph's inputs as the user's code does (`verify_lens`, not `l_verify_lens_`), for every
+        # caller of the pass (the backend's number_occurrences does it too, for the items it adds).
+        name_inputs_as_written(result.rewritten + result.kept, graph)
         # No graph-wide DCE: FX does not know that every in-place op is impure.
         graph.lint()
         gm.recompile()

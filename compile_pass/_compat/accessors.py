@@ -177,17 +177,41 @@ def resolve_packet_call(packet, args, kwargs):
     return getattr(packet, name or "default", None)
 
 
+def _graph_break_record(r) -> tuple[str, str]:
+    stack = getattr(r, "user_stack", None) or []
+    where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "<unknown>"
+    return str(getattr(r, "reason", r)), where
+
+
 def graph_break_reasons() -> list[tuple[str, str]]:
     """[(reason, 'file.py:LINE' of the user's code)] of every graph break Dynamo recorded in this process."""
     try:
         from torch._dynamo.utils import graph_break_reasons as reasons
     except ImportError:
         return []
+    return [_graph_break_record(r) for r in list(reasons)]
+
+
+_SEEN_MARK = "_syncfree_seen"
+
+
+def unseen_graph_break_reasons() -> list[tuple[str, str]]:
+    """The graph breaks Dynamo recorded that no earlier call returned, as graph_break_reasons gives them. Each is
+    marked on Dynamo's record (a GraphCompileReason) when returned, so a break recorded after
+    torch._dynamo.reset() is new even where its text and line are those of one seen before."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons as reasons
+    except ImportError:
+        return []
     found = []
     for r in list(reasons):
-        stack = getattr(r, "user_stack", None) or []
-        where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "<unknown>"
-        found.append((str(getattr(r, "reason", r)), where))
+        if getattr(r, _SEEN_MARK, False):
+            continue
+        try:
+            setattr(r, _SEEN_MARK, True)
+        except (AttributeError, TypeError):  # a record that takes no attribute: returned each time
+            pass
+        found.append(_graph_break_record(r))
     return found
 
 
