@@ -26,11 +26,12 @@ an engine marks it): counted in their time. Timing: --rounds rounds; in each, ev
 every round) makes one untimed call, then --calls calls back to back after a synchronize (on a loaded CPU,
 many rounds of one call each are the steadiest: the CPU default, 801 x 1; CUDA: 7 x 200): host_us is the time
 until the last call returns, per call (the host's cost while the CPU runs ahead), wall_us the time until a
-synchronize after it returns, per call (the step's cost: the larger of host and GPU time), thread_us the CPU time the calling thread
-used, per call (time.thread_time: what other processes on a shared machine take is not in it). Medians over
-rounds. On CPU host and wall are the same (everything runs on the host, one intra-op thread by default) and
-thread_us is the steadiest on a loaded machine: the host path of each wrapper, with the same graph compute in
-ours and stock except the page-table op (ours fills its table with syncfree.page_table, stock with page_table_).
+synchronize after it returns, per call (the step's cost: the larger of host and GPU time), thread_us the CPU
+time the calling thread used, per call (time.thread_time: what other processes on a shared machine take is not in
+it). Medians over rounds. On CPU host and wall are the same (everything runs on the host, one intra-op thread by
+default) and thread_us is the steadiest on a loaded machine: the host path of each wrapper, with the same graph
+compute in ours and stock except the page-table op (ours fills its table with syncfree.page_table, stock with
+page_table_).
 
 --profile N: cProfile over N warm calls of ours (and of stock with --profile-stock) at every configuration; prints
 the top functions by cumulative and by self time (per call; cProfile slows every Python call, so the absolute
