@@ -9,6 +9,7 @@ inputs assumed distinct) and builds the report once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from typing import Any, Callable
@@ -381,17 +382,24 @@ def compile(fn: Callable, *, max_context_len: int | None = None, page_size: int 
     compiled = torch.compile(fn, backend=syncfree_backend, options=options, **compile_kwargs)
     warm_compile_workers()
     graph_reports: list[SyncReport] = []
+    tracing.hook_frame_compiles()
+
+    @contextlib.contextmanager
+    def while_compiling():
+        """What a call gives Dynamo where it compiles a frame of it (tracing.call_traced): entered per frame
+        compile, not per call (issue 43: a call Dynamo's cache serves runs none of it)."""
+        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy), collecting_reports(graph_reports):
+            yield
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy), collecting_reports(graph_reports):
-            try:
-                return tracing.call_retracing(compiled, policy, *args, **kwargs)
-            except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
-                inner = getattr(e, "inner_exception", None)
-                if isinstance(inner, SyncRemainsError):
-                    raise inner from None
-                raise
+        try:
+            return tracing.call_traced(compiled, policy, while_compiling, *args, **kwargs)
+        except Exception as e:  # Dynamo wraps backend errors; a strict failure should read as itself
+            inner = getattr(e, "inner_exception", None)
+            if isinstance(inner, SyncRemainsError):
+                raise inner from None
+            raise
 
     run._syncfree_compiled = compiled  # type: ignore[attr-defined]
     run._syncfree_reports = graph_reports  # type: ignore[attr-defined]  (compile_pass.reports(run))

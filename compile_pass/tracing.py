@@ -195,6 +195,41 @@ def bounded_maxima(policy: TracingPolicy):
             _RANGEABLE.clear()
 
 
+# The calls of compile_pass.compile in progress, innermost last: each one's tracing context (a callable making the
+# context manager), entered where Dynamo compiles a frame during that call (issue 43), not around every call.
+_CALLS: list = []
+_HOOKED: list = []  # [True] once the frame-compile hook is installed
+
+
+def _on_frame_compile():
+    return _CALLS[-1]() if _CALLS else None
+
+
+def hook_frame_compiles() -> bool:
+    """Install (once) the hook that enters the innermost call's tracing context where Dynamo compiles a frame;
+    False on a torch where it cannot be installed (call_traced then enters the context around every call)."""
+    if not _HOOKED and _compat.on_frame_compile(_on_frame_compile):
+        _HOOKED.append(True)
+    return bool(_HOOKED)
+
+
+def call_traced(compiled, policy: TracingPolicy, context, /, *args, **kwargs):
+    """`call_retracing(compiled, policy, ...)` as compile_pass.compile calls it: `context()` (capture_scalar_outputs,
+    bounded_maxima, the report collector: what the call gives Dynamo) is entered around each frame Dynamo compiles
+    during the call, the refused traces of a Retrace included. A call whose frames Dynamo's cache serves enters
+    nothing: none of it is read outside a compile (Dynamo does not guard on capture_scalar_outputs; the hooks act
+    only while it traces, the collector only when the backend reports). Without the hook (hook_frame_compiles()
+    False) the context is entered around the whole call."""
+    if not _HOOKED:
+        with context():
+            return call_retracing(compiled, policy, *args, **kwargs)
+    _CALLS.append(context)
+    try:
+        return call_retracing(compiled, policy, *args, **kwargs)
+    finally:
+        _CALLS.pop()
+
+
 def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
     """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace, raised while Dynamo compiles the
     compiled function's own frame: nothing of the call has run), the call again with those lines' next mode.
@@ -202,7 +237,7 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
     passed into a compiled region: what Dynamo traces by itself, which the pass may rewrite) and then, if kept
     there too, to the range only, for good."""
     while True:
-        seen = len(_compat.graph_break_reasons())
+        seen = _compat.graph_break_count()
         try:
             return compiled(*args, **kwargs)
         except Exception as e:

@@ -6,6 +6,7 @@ Patches here: none (read-only accessors; each names what it reads).
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 import torch
@@ -213,6 +214,14 @@ def unseen_graph_break_reasons() -> list[tuple[str, str]]:
             pass
         found.append(_graph_break_record(r))
     return found
+
+
+def graph_break_count() -> int:
+    """How many graph breaks Dynamo recorded in this process: len(graph_break_reasons()), without formatting them
+    (once per call of a compiled step: discard_graph_breaks takes it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    reasons = getattr(utils, "graph_break_reasons", None)
+    return len(reasons) if reasons is not None else 0
 
 
 def invoke_subgraph_op():

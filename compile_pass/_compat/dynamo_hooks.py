@@ -17,6 +17,9 @@ checked on, what would remove it):
     tp_richcompare_impl, ...) breaks the graph on it (default deny). Where VariableTracker has neither attribute
     reader, struct_model_unfit() turns the model off (a Struct breaks where it is built). Checked on 2.13.0 and
     2.14.1 (2026-12-04); 2.11, 2.12 and 2.15 not installed here.
+  * on_frame_compile wraps torch._dynamo.convert_frame.ConvertFrameAssert.__call__ (issue 43: what a call of
+    compile_pass.compile gives Dynamo is entered where Dynamo compiles a frame, not around every call). Checked on
+    torch 2.13.0 and 2.14.1 (2026-12-04). Removed when Dynamo offers a per-compile context hook to a backend.
 The tests in tests/test_compat.py fail when a hook stops seeing what it models.
 """
 
@@ -136,6 +139,51 @@ def discard_graph_breaks(since: int) -> None:
     except ImportError:
         return
     del reasons[since:]
+
+
+# Where Dynamo compiles a frame (issue 43): compile_pass.compile enters what its call gives Dynamo
+# (capture_scalar_outputs, the bounded maxima, the report collector) only there, so that a call Dynamo's cache
+# serves runs nothing of it.
+_FRAME_COMPILE_HOOKS: list = []
+
+
+def on_frame_compile(hook) -> bool:
+    """Call `hook()` where Dynamo starts compiling a frame (its cache missed, or a guard failed: a first compile or a
+    recompile, fullgraph or not, whatever the compile stance or backend), before it traces: `hook` returns a
+    context manager that stays entered for that frame's whole compile (the trace, the backend call, the guards),
+    or None. A call Dynamo's cache serves never reaches it. Installed once, around ConvertFrameAssert.__call__
+    (every frame compile passes there: ConvertFrame delegates to it); returns False (nothing installed) on a
+    torch without that class."""
+    import contextlib
+
+    try:
+        from torch._dynamo import convert_frame
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    owner = getattr(convert_frame, "ConvertFrameAssert", None)
+    if owner is None or not callable(getattr(owner, "__call__", None)):  # pragma: no cover
+        return False
+    if hook not in _FRAME_COMPILE_HOOKS:
+        _FRAME_COMPILE_HOOKS.append(hook)
+    if getattr(owner.__call__, "_syncfree_compile_hook", False):
+        return True
+    original = owner.__call__
+
+    def __call__(self, *args, **kwargs):
+        if "skip" in kwargs:  # the frames Dynamo drops from the user's traceback: this wrapper's is one more
+            kwargs["skip"] += 1
+        entered = [c for c in (each() for each in list(_FRAME_COMPILE_HOOKS)) if c is not None]
+        if not entered:
+            return original(self, *args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for context in entered:
+                stack.enter_context(context)
+            return original(self, *args, **kwargs)
+
+    __call__._syncfree_compile_hook = True  # type: ignore[attr-defined]
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    owner.__call__ = __call__
+    return True
 
 
 # -- constructs that break the trace before any max (issue 30, item 3) ----------------------------------------
