@@ -40,6 +40,13 @@ from .sync_pass import PassResult, SyncPass
 
 CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "
                   "(CUDA graphs cannot hold one); it runs without CUDA graphs")
+CUDAGRAPHS_ON_CPU = ("cudagraphs: no effect on this graph, whose tensors are all on the CPU (CUDA graphs record "
+                     "CUDA work only)")
+OUTLINED_NOTHING = ("outline_repeats: no effect on this graph: no stretch of it repeats with the same ops on "
+                    "arguments of the same kind (layers that index one stacked KV pool by layer differ in their "
+                    "index: give each layer its own tensor), so it compiles as traced")
+OUTLINE_NOT_TRIED = ("outline_repeats: not tried on this graph, which keeps a host read or a data-dependent size; it "
+                     "compiles as traced")
 
 
 @dataclasses.dataclass
@@ -99,15 +106,33 @@ def decide_cudagraphs(gm: torch.fx.GraphModule, state: PipelineState) -> int:
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         state.patches.pop("triton.cudagraphs", None)
         state.notes.append(CUDAGRAPHS_OFF)
+    elif state.options.cudagraphs and not _on_cuda(gm):
+        state.notes.append(CUDAGRAPHS_ON_CPU)
     return 0
 
 
 def plan_outline(gm: torch.fx.GraphModule, state: PipelineState) -> int:
-    if state.options.outline_repeats and not state.keeps_host_read:
-        outlined = outline_repeats(gm)  # a copy: gm itself is not changed
-        if outlined.gm is not gm:
-            state.outlined = outlined
+    if not state.options.outline_repeats:
+        return 0
+    if state.keeps_host_read:
+        state.notes.append(OUTLINE_NOT_TRIED)
+        return 0
+    outlined = outline_repeats(gm)  # a copy: gm itself is not changed
+    if outlined.gm is not gm:
+        state.outlined = outlined
+    else:
+        state.notes.append(OUTLINED_NOTHING)
     return 0
+
+
+def _on_cuda(gm: torch.fx.GraphModule) -> bool:
+    """Does any tensor of the graph (its inputs, its intermediate values) live on a CUDA device?"""
+    for node in gm.graph.nodes:
+        value = _compat.example_value(node)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values):
+            return True
+    return False
 
 
 DECISIONS: tuple[Step, ...] = (  # also all that runs on a graph the pass failed on (compiled untouched)
