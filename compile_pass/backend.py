@@ -162,6 +162,14 @@ def _compile_rewritten(gm, rewritten, example_inputs, report: SyncReport, state:
     set_last_report(report)
     if opts.strict and report.syncs_remaining:
         raise SyncRemainsError([i for i in report.kept if i.host_sync])
+    empty = [i for i in report.kept if i.reason_code == "empty_lengths"]
+    if empty:
+        # An empty batch (B = 0): eager raises at the max of empty lengths, and so does this graph, run as
+        # captured (Inductor cannot lower a max over zero elements): one message, no Inductor failure.
+        report.notes.append(EMPTY_BATCH)
+        log.warn(f"syncfree: {EMPTY_BATCH} ({empty[0].where()})", location=empty[0].location, graph=gm)
+        report.post_grad = None
+        return guard_disjoint_inputs(rewritten.forward, gm, report.disjoint_inputs)
     if report.syncs_remaining:
         kept = [i for i in report.kept if i.host_sync]
         lines = "; ".join(f"{i.kind} at {i.where()}" for i in kept)
@@ -270,6 +278,10 @@ def unmark_static_scratch(gm: torch.fx.GraphModule, marked) -> None:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for position in marked:
         _compat.unmark_static_placeholder(placeholders[position])
+
+
+EMPTY_BATCH = ("an empty batch (no lengths): eager raises at the max of empty lengths, and so does this step; its "
+               "graph runs as captured, without Inductor (a batch of at least one row compiles as usual)")
 
 
 MERGED_REPORTS_HINT = ("the step has more than one graph (a graph break): compile_pass.reports(step) holds every "

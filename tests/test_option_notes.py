@@ -48,3 +48,34 @@ def test_outline_repeats_on_a_graph_that_keeps_a_host_read_says_it_was_not_tried
         gm = _graph(keeps, torch.randn(3, 8), torch.tensor([3, 5, 2]))
     state = pipeline.run(gm, SyncfreeOptions.from_dict({"max_context_len": 8, "outline_repeats": True}))
     assert state.keeps_host_read and pipeline.OUTLINE_NOT_TRIED in state.notes
+
+
+def test_an_empty_batch_raises_as_eager_with_one_clear_warning():
+    """Issue 44, item 5: B = 3, then B = 0, then B = 3 again through compile_pass.compile (Inductor): the empty
+    batch raises eager's error, after one warning that names the case (not Inductor's failure on a max over zero
+    elements), and the full batch after it still gives eager's values."""
+    import warnings
+
+    import pytest
+
+    import compile_pass
+    import consumers_for_tests  # noqa: F401  (syncfree_test::bounded_sum)
+    from compile_pass.backend import EMPTY_BATCH
+    from passlib import make_fb
+
+    def step(fb):
+        m = fb.seq_lens.max().item()
+        return torch.ops.syncfree_test.bounded_sum(fb.req_to_token[fb.req_pool_indices, :m], fb.seq_lens, 1, m)
+
+    torch._dynamo.reset()
+    compiled = compile_pass.compile(step, max_context_len=64)
+    torch.testing.assert_close(compiled(make_fb([3, 9, 5])), step(make_fb([3, 9, 5])))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
+            compiled(make_fb([]))
+    ours = [str(w.message) for w in caught if str(w.message).startswith("syncfree")]
+    assert len(ours) == 1 and EMPTY_BATCH in ours[0], ours
+    with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
+        step(make_fb([]))
+    torch.testing.assert_close(compiled(make_fb([4, 1, 7])), step(make_fb([4, 1, 7])))
