@@ -111,23 +111,43 @@ def struct_refusal(cls) -> str | None:
 
 
 def _struct_fields(cls, args, kwargs) -> tuple[dict | None, str | None]:
-    """({field: VariableTracker}, None) for a construction that only stores its arguments, or (None, why not)."""
-    import inspect
+    """({field: VariableTracker}, None) for a construction that only stores its arguments, or (None, why not).
 
-    try:
-        bound = inspect.signature(cls).bind(*args, **kwargs)
-    except (TypeError, ValueError) as e:
-        return None, f"its arguments do not bind to the fields ({e}); eager raises there"
+    Bound as msgspec's constructor binds, from the class's own metadata: `__match_args__` are the fields taken by
+    position (a prefix of `__struct_fields__`; the rest are keyword-only), `__struct_defaults__` the defaults of
+    the last fields (NODEFAULT: required). Not inspect.signature(cls): msgspec builds that from the annotations,
+    which raises on a forward reference only a type checker resolves (`scale: "Scale"` under TYPE_CHECKING)."""
+    import msgspec  # the class is a msgspec.Struct (struct_refusal checked it): msgspec is there
+
+    fields_order = tuple(cls.__struct_fields__)
+    positional = tuple(getattr(cls, "__match_args__", ()))
+    defaults = tuple(getattr(cls, "__struct_defaults__", ()))
+    if positional != fields_order[:len(positional)] or len(defaults) > len(fields_order):
+        return None, "its fields' layout is not msgspec's (__match_args__, __struct_defaults__)"
+    if len(args) > len(positional):
+        return None, (f"it is given {len(args)} positional arguments and takes {len(positional)}; eager raises "
+                      "there")
+    given = dict(zip(positional, args))
+    for name, value in kwargs.items():
+        if name not in fields_order or name in given:
+            return None, f"argument {name!r} does not bind to a field (unknown or given twice); eager raises there"
+        given[name] = value
+    first_default = len(fields_order) - len(defaults)
     fields = {}
-    for name in cls.__struct_fields__:
-        if name in bound.arguments:
-            fields[name] = bound.arguments[name]
+    for i, name in enumerate(fields_order):
+        if name in given:
+            fields[name] = given[name]
             continue
-        default = inspect.signature(cls).parameters[name].default
+        default = defaults[i - first_default] if i >= first_default else _NO_DEFAULT
+        if default is _NO_DEFAULT or default is msgspec.NODEFAULT:
+            return None, f"required field {name!r} is not given; eager raises there"
         if type(default).__name__ == "Factory" or not _is_plain_default(default):
             return None, f"field {name!r} is not given and its default is built at construction (default_factory)"
         fields[name] = _compat.constant_variable(default)
     return fields, None
+
+
+_NO_DEFAULT = object()
 
 
 def _is_plain_default(value) -> bool:

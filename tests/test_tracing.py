@@ -792,3 +792,64 @@ def test_a_kept_max_is_traced_again_without_the_branch_at_the_bound():
         got, want = compiled(fb), escaping(fb)
         assert int(got[0]) == int(want[0]) and int(got[1]) == want[1]
     assert any("data-dependent" in r for r in _breaks(before))  # traced again: the branch breaks, as eager
+
+
+# -- a Struct's arguments bind as msgspec binds them, without reading its annotations ------------------------------
+if msgspec is not None:
+    import typing as _typing
+
+    if _typing.TYPE_CHECKING:  # resolved only by a type checker: msgspec's signature raises NameError on it
+        from engine.types import Scale  # noqa: F401
+
+    class ForwardRefTable(_Struct):
+        ids: torch.Tensor
+        scale: "Scale" = 2  # noqa: F821
+
+    class KwOnlyBase(_Struct, kw_only=True):
+        a: int
+        b: int = 2
+
+    class MixedTable(KwOnlyBase):
+        ids: torch.Tensor
+        c: int = 5
+
+
+@needs_msgspec
+def test_a_struct_with_a_forward_reference_annotation_is_traced_and_equals_eager():
+    """`scale: "Scale"` imported under TYPE_CHECKING: inspect.signature raises NameError (msgspec resolves the
+    annotations); the arguments still bind from msgspec's metadata, as its constructor binds them."""
+    with pytest.raises(NameError):
+        import inspect
+
+        inspect.signature(ForwardRefTable)
+
+    def step(x):
+        t = ForwardRefTable(x + 1)
+        u = ForwardRefTable(x, scale=3)
+        return t.ids * t.scale + u.ids * u.scale
+
+    got, breaks, _ = _one_graph(step, torch.ones(3))
+    torch.testing.assert_close(got, step(torch.ones(3)))
+    assert breaks == []
+
+
+@needs_msgspec
+@pytest.mark.parametrize("args, kwargs", [
+    ((), {"ids": 1, "a": 4}), ((1,), {"a": 4}), ((1, 7), {"a": 4, "b": 9}), ((1,), {}), ((1, 2, 3), {"a": 4}),
+    ((1,), {"a": 4, "ids": 2}), ((1,), {"a": 4, "zz": 1}), ((), {"a": 4}),
+])
+def test_struct_fields_bind_as_msgspec_does(args, kwargs):
+    """The binding (traceable._struct_fields, on plain values) refuses exactly where msgspec's constructor raises,
+    and otherwise gives the fields msgspec stores (positional fields first, keyword-only after, defaults last)."""
+    try:
+        made = MixedTable(*args, **kwargs)
+    except TypeError:
+        made = None
+    fields, why = traceable._struct_fields(MixedTable, [_compat.constant_variable(a) for a in args],
+                                           {k: _compat.constant_variable(v) for k, v in kwargs.items()})
+    if made is None:
+        assert fields is None and "eager raises" in why
+    else:
+        assert why is None
+        assert {k: v.as_python_constant() for k, v in fields.items()} == \
+            {k: getattr(made, k) for k in MixedTable.__struct_fields__}
