@@ -251,8 +251,11 @@ class ProofContext:
         Default deny (issue 45): only a basic-indexing view relates (`index` of ints, slices of ints / SymInts,
         None, Ellipsis; `_is_view_index`). A tensor or list index (advanced indexing) makes a temporary: the copy
         writes that, never buf, and a later `buf[index]` holds buf's own values: Unsafe("copy_not_a_view"). A copy
-        into a narrower int dtype (int64 into int32) holds the values modulo 2**32, and the device check sees
-        only the buffer: Unsafe("narrowing_copy"). Same-dtype and widening copies keep every value."""
+        into a narrower int dtype (int64 into int32) holds the values modulo 2**32: it relates here, and the
+        caller (host_max.guard_lengths, the one user of the copy relation) keeps it only where the bound fits the
+        narrow dtype, with the copy's wide source asserted within the bound under `checked` (a wrapped value
+        would pass a check on the buffer); see narrowed_by_copy. Same-dtype and widening copies keep every
+        value."""
         if not (view.op == "call_function" and view.target is operator.getitem and len(view.args) == 2):
             return None
         base, index = view.args
@@ -276,13 +279,6 @@ class ProofContext:
         if not isinstance(sv, torch.Tensor) or not isinstance(dv, torch.Tensor) or sv.dtype not in INT_DTYPES \
                 or dv.dtype not in INT_DTYPES or [str(d) for d in sv.shape] != [str(d) for d in dv.shape]:
             return None
-        if sv.dtype.itemsize > dv.dtype.itemsize:
-            raise Unsafe("narrowing_copy",
-                         f"the lengths are copied from {str(sv.dtype).replace('torch.', '')} into the "
-                         f"{str(dv.dtype).replace('torch.', '')} buffer {base.name} at {node_location(found)}: a "
-                         "value that does not fit wraps, and the device check sees only the buffer, not the "
-                         "values the max was taken over (a copy into a buffer of the lengths' dtype or wider "
-                         "relates)")
         return found, source
 
 
@@ -292,6 +288,16 @@ def _copy_destination(node: torch.fx.Node):
         return node.args[0]
     if node.op == "call_function" and node.target in (torch.ops.aten.copy_.default, torch.Tensor.copy_) and node.args:
         return node.args[0]
+    return None
+
+
+def narrowed_by_copy(copy: torch.fx.Node):
+    """(source dtype, destination dtype) of `dest.copy_(source)` where the destination's int dtype is narrower,
+    else None."""
+    dest, source = _copy_destination(copy), copy.args[1] if len(copy.args) > 1 else copy.kwargs.get("src")
+    sv, dv = example_value(source), example_value(dest)
+    if isinstance(sv, torch.Tensor) and isinstance(dv, torch.Tensor) and sv.dtype.itemsize > dv.dtype.itemsize:
+        return sv.dtype, dv.dtype
     return None
 
 

@@ -36,7 +36,7 @@ from ..fx_util import erase_if_dead, insert_device_assert, insert_lower_assert, 
     node_location, replace_in_output
 from ..normalize import (INT_DTYPES, asserted_bound, constant_add, dtype_of, is_narrowing, min_clamp, page_count,
                          plus_constant, strip_kept_values)
-from ..proof import LengthsRelation, ProofContext, Unsafe, declare_reasons, describe_use, why_not
+from ..proof import LengthsRelation, ProofContext, Unsafe, declare_reasons, describe_use, narrowed_by_copy, why_not
 from . import Option
 from ..bounds import lengths_bound, require_bound
 from ..traced_ranges import META as TRACED_RANGE
@@ -339,6 +339,17 @@ class HostMaxWalk:
         self.ctx.check_no_writes(user, [self.source_root, *self.source_chain, rel.root, *rel.chain, rel.lengths,
                                         *extra], what, start, self.disjoint,
                                  allowed_writers=(*allowed, *rel.copies))
+        for copy in rel.copies:  # a narrowing copy (int64 lengths into an int32 buffer): values wrap past the dtype
+            narrowed = narrowed_by_copy(copy)
+            if narrowed is None:
+                continue
+            if self.bound + max(rel.offset, 0) > torch.iinfo(narrowed[1]).max:
+                raise Unsafe("narrowing_copy", f"{what} are copied from {narrowed[0]} into a {narrowed[1]} buffer at "
+                                               f"{node_location(copy)} and the bound {self.bound} does not fit "
+                                               f"{narrowed[1]}: a value would wrap")
+            # under checked, the copy's wide source is asserted within the bound (the check on the buffer alone
+            # would let a wrapped value through); within it, every value fits and the copy keeps it
+            self.lengths_uses.append(LengthsUse(rel.root, -rel.source_offset, self.bound, user))
         if rel.via_mirror:
             mirror = rel.root if rel.root in self.ctx.mirrors else self.source_root
             self.ctx.check_no_writes(user, [mirror, self.ctx.mirrors.get(mirror)], "the CPU mirror or its twin",

@@ -167,10 +167,11 @@ def test_a_copy_through_a_basic_view_still_relates():
     assert all(r.rewritten and not r.kept for r in backend.reports), [str(r) for r in backend.reports]
 
 
-# -- a narrowing copy (int64 lengths into an int32 buffer) does not relate (issue 45, item 2) ----------------------
+# -- a narrowing copy (int64 lengths into an int32 buffer) (issue 45, item 2) ------------------------------------
 # The int32 buffer holds the int64 values modulo 2**32: a length of 2**32 + 5 (past every bound) arrives as 5,
-# which the check on the buffer's values lets through. The relation would need the copy's source asserted
-# within the bound: refused (narrowing_copy); same-dtype and widening copies relate.
+# which a check on the buffer's values would let through. A narrowing copy relates only with its wide source
+# asserted within the bound under `checked` (the bound fits int32: every value in it survives the copy); a cast
+# below the copy is refused (narrowing_copy: no assertion sees the wide values); widening copies relate.
 WRAPS = 2**32 + 5
 
 
@@ -189,8 +190,27 @@ def narrowing_below_the_copy(fb, buf):
 
 
 @pytest.mark.parametrize("checked", [True, False])
-@pytest.mark.parametrize("step", [copied, narrowing_below_the_copy])
-def test_a_narrowing_copy_does_not_relate(step, checked):
+def test_a_narrowing_copy_relates_with_its_wide_source_asserted(checked):
+    """Every length vector within the bound gives eager's values, checked or not; under checked a source past
+    the bound (one that would wrap to a small buffer value) raises on the device, outside the contract."""
+    vectors = length_vectors(3, 20, seed=5, top=MCL, first=([MCL, 5, 9], [0, 1, 2]))
+    backend = Rewriting(max_context_len=MCL, checked=checked)
+    compiled = torch.compile(copied, backend=backend, fullgraph=True)
+    for lengths in vectors:
+        buf_got, buf_want = torch.ones(6, dtype=torch.int32), torch.ones(6, dtype=torch.int32)
+        with _compat.capture_scalar_outputs():
+            got = compiled(make_fb(lengths), buf_got)
+        torch.testing.assert_close(got, copied(make_fb(lengths), buf_want))
+        assert torch.equal(buf_got, buf_want)
+    assert all(r.rewritten and not r.kept for r in backend.reports), [str(r) for r in backend.reports]
+    if checked:
+        with pytest.raises(RuntimeError, match="exceeds the static bound"), _compat.capture_scalar_outputs():
+            compiled(make_fb([WRAPS, 3, 4]), torch.ones(6, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("checked", [True, False])
+@pytest.mark.parametrize("step", [narrowing_below_the_copy])
+def test_a_narrowing_cast_below_a_copy_does_not_relate(step, checked):
     vectors = [*length_vectors(3, 20, seed=5, top=MCL, first=([MCL, 5, 9], [0, 1, 2])), [WRAPS, 3, 4], [3, WRAPS, 0]]
     backend = Rewriting(max_context_len=MCL, checked=checked)
     compiled = torch.compile(step, backend=backend, fullgraph=True)

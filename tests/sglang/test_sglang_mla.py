@@ -22,7 +22,7 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
 | flashmla_replay_verify_static | **rewritten** | the max is over `seq_lens_cpu[:bs] + 4` (:343), the kernel's lengths `seq_lens.to(int32) + 4`: the same values (constant adds on both sides, the mirror pair): page table -> width 5, bound 260 (max_context_len + 4) | nothing: no host read | as for decode |
 | flashmla_replay_verify (automatic dynamic) | kept (`lengths_differ`) on the dynamic graph; the static one rewritten | as for flashmla_replay_decode | a host read per replay on the dynamic graph | `dynamic=False` |
-| flashmla_replay_draft_extend_static | kept (`narrowing_copy`, issue 45) | the copy of the int64 seq_lens into the int32 buffer (:421) narrows: refused (a wrapped value would pass the device check on the buffer). Before: the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step has just `copy_`ed seq_lens into (:411): the copy relation (the last copy into the same view of the same buffer, after the max, nothing writing the buffer after it) relates the view to seq_lens[:bs], the mirror's twin: page table -> width 4 | nothing | as for decode |
+| flashmla_replay_draft_extend_static | **rewritten** | the copy of the int64 seq_lens into the int32 buffer (:421) narrows: under `checked` its wide source is asserted within the bound (issue 45: a wrapped value would pass a check on the buffer). The kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, a persistent buffer the step has just `copy_`ed seq_lens into (:411): the copy relation (the last copy into the same view of the same buffer, after the max, nothing writing the buffer after it) relates the view to seq_lens[:bs], the mirror's twin: page table -> width 4 | nothing | as for decode |
 | flashmla_replay_draft_extend (automatic dynamic) | kept (`lengths_differ`) on the dynamic graph; the static one rewritten | as for flashmla_replay_decode | a host read per replay on the dynamic graph | `dynamic=False` |
 | trtllm_mla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `max_seq = self.max_context_len` (trtllm_mla_backend.py:836) | nothing | nothing |
 | trtllm_mla_{decode,verify}_mirror | verify **rewritten**; decode a graph break at :355 at this bound (issue 45: at 256 the round-up's two outcomes rewrite to different widths; at a multiple of 4096 both give one graph and it is rewritten with no assertion, tests/relations/test_branch_outcomes.py). Before: | `_calc_padded_blocks` (trtllm_mla_backend.py:340): `if blocks % constraint_lcm != 0` (:355) is traced at the bound's outcome (True; False only at m = 0, asserted on the device), verify's `cdiv(m + 4, 64) >= 1` needs no assumption; the round-up `cdiv(cdiv(m [+ 4], 64), 64) * 64` (Dynamo: `torch.sym_sum([63, m])`) sizes `torch.full((bs, blocks), -1)`, filled by the registered writer with that width as its stride, read by the TRTLLM kernel (`max_seq_len` an upper bound): allocated table rule, width 64 (the round-up of the bound's 4 pages), `max_seq_len` 256 (verify 264), the stored table and `max_seq_len_k` at the static values (`static_escapes`); one graph per batch size | nothing | `static_escapes=True`, the writer's and the kernel's facts |
@@ -109,17 +109,16 @@ EXPECTED = {
     # max is over seq_lens_cpu[:bs], and bs and the mirror's size are two symbols: not provably the same rows)
     "flashmla_replay_decode": ("kept", "lengths_differ"),
     "flashmla_replay_verify": ("kept", "lengths_differ"),
-    # the kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]` (int32), into which the step copied the int64
-    # seq_lens (:421): a narrowing copy, whose wrapped values the device check on the buffer would not see
-    # (issue 45's default deny at trace time): kept
-    "flashmla_replay_draft_extend": ("kept", "narrowing_copy"),
+    "flashmla_replay_draft_extend": ("kept", "lengths_differ"),
     # one static graph per batch size: decode rewritten (through Inductor); verify too (the max over
     # seq_lens_cpu[:bs] + 4, the kernel's lengths seq_lens.to(int32) + 4: the same values); draft extend too: its
     # kernel reads `cuda_graph_draft_extend_seq_lens_k[:bs]`, which the step has just `copy_`ed seq_lens into (:411),
     # nothing writing it after (the copy relation)
     "flashmla_replay_decode_static": ("rewritten", None),
     "flashmla_replay_verify_static": ("rewritten", "page table -> syncfree.page_table width 5"),
-    "flashmla_replay_draft_extend_static": ("kept", "narrowing_copy"),
+    # (the copy narrows SGLang's int64 lengths into the int32 buffer: under checked its wide source is asserted
+    # within the bound, issue 45)
+    "flashmla_replay_draft_extend_static": ("rewritten", "page table -> syncfree.page_table width 4"),
     "trtllm_mla_decode": ("nothing", None),
     "trtllm_mla_verify": ("nothing", None),
     "trtllm_mla_draft_extend": ("nothing", None),
