@@ -149,7 +149,10 @@ def findings_key(check: SyncFreeCheck, gm: torch.fx.GraphModule, example_inputs,
     # that shipped caches (compile_pass.cache) find their findings on another machine of the same kind.
     # Every graph's code: a regional step's bodies (invoke_subgraph) are submodules its own code only names.
     code = "".join(f"{name}\n{m.code}" for name, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule))
-    for part in (check.uuid(), code, repr(inputs), repr(settings),
+    # The findings name the user's lines (node locations): two programs whose graphs are the same code but come
+    # from other lines must not share them (a stale location would be reported as a new host read).
+    lines = [node_location(n) for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes]
+    for part in (check.uuid(), code, repr(lines), repr(inputs), repr(settings),
                  _compat.inductor_cache_config_fingerprint(), torch.__version__):
         h.update(str(part).encode())
     return h.hexdigest()

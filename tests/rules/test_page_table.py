@@ -205,7 +205,7 @@ def test_mirror_upload_feeding_a_rewritten_consumer_reads_the_twin():
     (out, _), backend, _ = run(step, fb, max_context_len=MCL)
     assert out.device.type == "meta" and out.shape == (2,)
     assert [i.kind for i in backend.report.rewritten] == ["cpu_mirror"]
-    assert "device twin l_fb_seq_lens" in backend.report.rewritten[0].reason
+    assert "device twin fb.seq_lens" in backend.report.rewritten[0].reason
     used = {n.name for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder" and n.users}
     assert "l_fb_seq_lens_cpu" not in used
 
