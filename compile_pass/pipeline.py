@@ -77,7 +77,7 @@ def record_traced_at_bound(gm: torch.fx.GraphModule, state: PipelineState) -> in
 
 
 def strip_range_asserts(gm: torch.fx.GraphModule, state: PipelineState) -> int:
-    return traced_ranges.strip_range_asserts(gm.graph)
+    return traced_ranges.strip_range_asserts(gm.graph, state.options.checked)
 
 
 def respell_widths(gm: torch.fx.GraphModule, state: PipelineState) -> int:

@@ -21,6 +21,7 @@ import torch.fx
 
 from . import _compat
 
+from .fx_util import insert_device_assert, insert_lower_assert, node_location
 from .normalize import ASSERTS, asserted_bound, max_source
 
 META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
@@ -52,7 +53,7 @@ def ranged_items(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if META in n.meta]
 
 
-def strip_range_asserts(graph: torch.fx.Graph) -> int:
+def strip_range_asserts(graph: torch.fx.Graph, checked: bool = False) -> int:
     """Erase the `_assert_scalar(u0 >= 0)` / `(u0 <= bound)` that the range put in the graph (and their
     comparisons), so that the pass sees the graph a user's code gives; a max that only they used goes as well,
     as Dynamo drops an unused one. Returns how many asserts went."""
@@ -72,6 +73,14 @@ def strip_range_asserts(graph: torch.fx.Graph) -> int:
                 graph.erase_node(compare)
         if not item.users:  # only the range used it: Dynamo drops an unused max, and so does this
             receiver = item.args[0]
+            lengths = lengths_of(item)
+            if checked and lengths is not None and isinstance(receiver, torch.fx.Node):
+                # the trace assumed the range (a branch decided by it): under checked, a max outside it raises,
+                # on the values the max read (no host read), as a rewritten max's lengths do
+                text = f"syncfree: the max of the lengths is outside [0, {bound}] ({item.meta[META][1]}), the " \
+                       f"range the step was traced with, at {node_location(item)}"
+                insert_device_assert(graph, receiver, lengths, bound, text)
+                insert_lower_assert(graph, receiver, lengths, 0, text)
             graph.erase_node(item)
             if isinstance(receiver, torch.fx.Node) and not receiver.users:
                 graph.erase_node(receiver)

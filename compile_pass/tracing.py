@@ -168,7 +168,9 @@ def _on_guard(shape_env, expr):
     if value not in (sympy.true, sympy.false):
         return None
     (_, item), = entries
-    if OTHER in item.meta and not item.meta[AT_BOUND]:  # the second trace: the first branch's other outcome
+    if OTHER in item.meta:  # the second trace: the first branch's other outcome; no other branch is decided
+        if item.meta[AT_BOUND]:  # here (their combinations would not all be traced): Dynamo breaks there
+            return None
         value = sympy.false if value is sympy.true else sympy.true
     guard = expr if value is sympy.true else sympy.Not(expr)
     text = _compat.assert_at_runtime(shape_env, guard, f"syncfree: traced at the bound: {guard}")
