@@ -16,31 +16,10 @@ import random
 import pytest
 import torch
 
-import compile_pass
+from consumers_for_tests import WRITE_ROWS
 from passlib import compile_traced
 
-_LIB = torch.library.Library("syncfree_test_branch", "DEF")
-_LIB.define("writer(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
-            "SymInt table_stride, int page_size) -> ()")
-
-
-def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
-    """Row b's first cdiv(lengths[b], page_size) page ids, through `table_stride` (a bounded writer: it raises
-    where eager's table is too narrow for a row)."""
-    for b in range(lengths.shape[0]):
-        pages = -(-max(int(lengths[b]), 0) // page_size)
-        if pages > table_stride:
-            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
-        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
-        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
-
-
-_LIB.impl("writer", _write_rows, "CPU")
-torch.library.register_fake("syncfree_test_branch::writer", lambda *a: None, lib=_LIB)
-WRITER = torch.ops.syncfree_test_branch.writer
-compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
-                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
-                                     table_stride="table_stride")
+WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
 
 ATTN = torch.ops.syncfree.paged_decode
 REQS = 4

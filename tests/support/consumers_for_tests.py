@@ -58,3 +58,27 @@ def _(values, indices, indptr, lens):
 
 
 compile_pass.register_indptr_reader("syncfree_test::indptr_read", indices="indices", indptr="indptr", lengths="lens")
+
+
+# A bounded writer (registered with the allocated-table family's facts): row b's first cdiv(lengths[b], page_size)
+# page ids of req_to_token, written through `table_stride`; it raises where eager's table is too narrow for a row.
+_WRITER_LIB = torch.library.Library("syncfree_test", "FRAGMENT")
+_WRITER_LIB.define("write_rows(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
+                   "SymInt table_stride, int page_size) -> ()")
+
+
+def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
+    for b in range(lengths.shape[0]):
+        pages = -(-max(int(lengths[b]), 0) // page_size)
+        if pages > table_stride:
+            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
+        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
+        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
+
+
+_WRITER_LIB.impl("write_rows", _write_rows, "CPU")
+torch.library.register_fake("syncfree_test::write_rows", lambda *a: None, lib=_WRITER_LIB)
+WRITE_ROWS = torch.ops.syncfree_test.write_rows
+compile_pass.register_bounded_writer(WRITE_ROWS, table="table", lengths="lengths", page_size="page_size",
+                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
+                                     table_stride="table_stride")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-import compile_pass
 
 PS = 4
 MCL = 64
@@ -44,27 +43,8 @@ def grow():
 
 
 # -- TRTLLM-MLA's round-up: `if blocks % LCM != 0`: traced both ways, one rewritten graph -------------------------
-_LIB = torch.library.Library("syncfree_test_entry_points", "DEF")
-_LIB.define("writer(Tensor req_to_token, Tensor req_pool_indices, Tensor lengths, Tensor(a!) table, "
-            "SymInt table_stride, int page_size) -> ()")
+from consumers_for_tests import WRITE_ROWS as WRITER  # noqa: E402  (a registered bounded writer)
 
-
-def _write_rows(req_to_token, req_pool_indices, lengths, table, table_stride, page_size):
-    """Row b's first cdiv(lengths[b], page_size) columns, through `table_stride`."""
-    for b in range(lengths.shape[0]):
-        pages = -(-max(int(lengths[b]), 0) // page_size)
-        if pages > table_stride:
-            raise IndexError(f"row {b} needs {pages} columns, the row stride is {table_stride}")
-        cols = req_to_token[req_pool_indices[b], : pages * page_size : page_size] // page_size
-        table.as_strided((pages,), (1,), table.storage_offset() + b * table_stride).copy_(cols.to(table.dtype))
-
-
-_LIB.impl("writer", _write_rows, "CPU")
-torch.library.register_fake("syncfree_test_entry_points::writer", lambda *a: None, lib=_LIB)
-WRITER = torch.ops.syncfree_test_entry_points.writer
-compile_pass.register_bounded_writer(WRITER, table="table", lengths="lengths", page_size="page_size",
-                                     req_pool_indices="req_pool_indices", req_to_token="req_to_token",
-                                     table_stride="table_stride")
 LCM = 16  # divides the bound's 16 pages: either outcome of the branch gives one static width (TRTLLM-MLA at 4096)
 
 
