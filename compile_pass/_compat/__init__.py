@@ -18,7 +18,8 @@ from .accessors import (  # noqa: F401
     placeholder_source_name, example_value, storage_id, fake_mode_of, fresh_fake_mode, capture_scalar_outputs,
     capture_scalar_outputs_enabled, graph_counters, known_equal, free_unbacked_symbols, run_and_get_code,
     dynamo_cache_entries, mark_static_address, copy_dynamo_graph_module, overload_schemas, resolve_packet_call,
-    graph_break_reasons, unseen_graph_break_reasons, graph_break_count, invoke_subgraph_op, user_triton_kernel,
+    graph_break_reasons, unseen_graph_break_reasons, no_guard_profiling, graph_break_count, invoke_subgraph_op,
+    user_triton_kernel,
 )
 from .inductor import (  # noqa: F401
     CustomGraphPass, compile_fx, warm_compile_workers, inductor_cache_dir, inductor_triton_cache_dir,

@@ -243,3 +243,21 @@ def user_triton_kernel(node: torch.fx.Node):
     except (AssertionError, KeyError):
         return None
     return kernel, dict(constants)
+
+
+@contextlib.contextmanager
+def no_guard_profiling():
+    """While inside, Dynamo does not time each guard manager it builds (torch._dynamo.guards.profile_guard_manager,
+    whose result only feeds a debug log): the generated trace-time suites compile a thousand small frames, where
+    it is a fifth of the CPU time. A test-speed patch, dated: checked on torch 2.13.0 and 2.14.1 (2026-12-04); a
+    no-op on a torch without the function; removed when Dynamo profiles guards only under its debug logging."""
+    import torch._dynamo.guards as guards
+
+    profile = getattr(guards, "profile_guard_manager", None)
+    if profile is not None:
+        guards.profile_guard_manager = lambda *args, **kwargs: 0.0
+    try:
+        yield
+    finally:
+        if profile is not None:
+            guards.profile_guard_manager = profile

@@ -523,20 +523,17 @@ def _quick_compiles():
     """Two costs of torch's that say nothing about the programs, taken off while they run: OpenMP's threads on
     tiny tensors (on 2 busy cores they mostly wait on each other: 20 ms for one small softmax), and the guard
     latency profile Dynamo takes after every compile (a cache flush, ~60 ms here; its number only goes to a debug
-    log and a metric). Both are restored after the program."""
-    import torch._dynamo.guards as guards
+    log and a metric: compile_pass._compat.no_guard_profiling, the one home of private torch APIs). Both are
+    restored after the program."""
+    from compile_pass import _compat
 
     threads = torch.get_num_threads()
-    profile = getattr(guards, "profile_guard_manager", None)
     torch.set_num_threads(1)
-    if profile is not None:
-        guards.profile_guard_manager = lambda *args, **kwargs: 0.0
     try:
-        yield
+        with _compat.no_guard_profiling():
+            yield
     finally:
         torch.set_num_threads(threads)
-        if profile is not None:
-            guards.profile_guard_manager = profile
 
 
 def run_program(program: Program) -> Result:
