@@ -86,7 +86,7 @@ def respell_widths(gm: torch.fx.GraphModule, state: PipelineState) -> int:
 
 def rules(gm: torch.fx.GraphModule, state: PipelineState) -> int:
     if state.changed:
-        gm.recompile()  # the rules read gm.code nowhere, but SyncPass recompiles: start from the current graph
+        gm.recompile()  # the graph's code matches the graph before the rules run (as it did before the pipeline)
     state.result = SyncPass(state.options)(gm)
     return len(state.result.rewritten)
 
