@@ -33,7 +33,6 @@ import torch
 import torch.fx
 
 from . import _compat, traced_ranges
-from .find_sync_points import find_cpu_mirrors
 from .options import SyncfreeOptions
 from .outline_repeats import OutlineResult, outline_repeats
 from .sync_pass import PassResult, SyncPass
@@ -51,12 +50,11 @@ OUTLINE_NOT_TRIED = ("outline_repeats: not tried on this graph, which keeps a ho
 
 @dataclasses.dataclass
 class PipelineState:
-    """What the steps hand on: the options, the CPU mirrors of the placeholders, the maxima traced at the bound,
+    """What the steps hand on: the options, the maxima traced at the bound,
     the pass's typed result, the Inductor config patches, and the decisions the Inductor stage reads."""
 
     options: SyncfreeOptions
     patches: dict[str, Any]
-    mirrors: dict = dataclasses.field(default_factory=dict)
     assumed: list = dataclasses.field(default_factory=list)
     result: PassResult | None = None
     keeps_host_read: bool = False
@@ -71,8 +69,7 @@ class Step(NamedTuple):
 
 
 def record_traced_at_bound(gm: torch.fx.GraphModule, state: PipelineState) -> int:
-    state.mirrors = find_cpu_mirrors(gm.graph, dict(state.options.cpu_mirrors))  # the pass keeps them
-    state.assumed = traced_ranges.traced_at_bound(gm.graph, state.mirrors)
+    state.assumed = traced_ranges.traced_at_bound(gm.graph)
     return 0
 
 
@@ -92,7 +89,7 @@ def rules(gm: torch.fx.GraphModule, state: PipelineState) -> int:
 
 
 def settle_at_bound(gm: torch.fx.GraphModule, state: PipelineState) -> int:
-    return traced_ranges.settle_at_bound(gm.graph, state.assumed, state.mirrors)
+    return traced_ranges.settle_at_bound(gm.graph, state.assumed)
 
 
 def recheck_kept(gm: torch.fx.GraphModule, state: PipelineState) -> int:

@@ -8,7 +8,8 @@ module, never the Dynamo-time one. compile_pass.tracing's docstring says why eac
     strip_range_asserts   the range's two asserts out before the pass (the backend's bookkeeping, not the user's)
     respell_widths        a width Dynamo spelled as an expression of the max, read back as `sym_size`
     traced_at_bound       which maxima were traced with a branch at the bound (recorded before the pass)
-    settle_at_bound       after the pass: Retrace for a kept max of the root frame; device assertions otherwise
+    settle_at_bound       after the pass: Retrace for a kept max of the root frame, and for a rewritten one
+                          traced at the bound until both outcomes' rewritten graphs are compared
     recheck_kept          a kept max's range checked again on the host, right after its `.item()`
 """
 
@@ -149,22 +150,13 @@ def respell_widths(graph: torch.fx.Graph) -> int:
     return count
 
 
-def traced_at_bound(graph: torch.fx.Graph, mirrors: dict | None = None) -> list[tuple]:
-    """(item, lengths input, guards, after) of every ranged `.item()` whose frame was traced at the bound. `after`
-    is the last node before the `.item()` that may write the lengths (or, for a CPU mirror in `mirrors`, its
-    device twin) in place, None when none does: the device assertion of the outcomes is made after it, on the
-    values the max was taken over."""
-    from .mutations import WriteLog
-
-    found = [n for n in ranged_items(graph) if n.meta.get(AT_BOUND)]
-    if not found:
-        return []
-    log, first = WriteLog(graph), next(iter(graph.nodes))
-    return [(item, lengths_of(item), [g for _, g in item.meta[AT_BOUND]],
-             log.last_write([lengths_of(item), (mirrors or {}).get(lengths_of(item))], first, item)) for item in found]
+def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
+    """(item, guards) of every ranged `.item()` whose frame was traced with a branch at the bound's outcome (or,
+    in the second trace, the other one), read before the pass erases a rewritten `.item()`."""
+    return [(item, [g for _, g in item.meta[AT_BOUND]]) for item in ranged_items(graph) if item.meta.get(AT_BOUND)]
 
 
-def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) -> int:
+def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
     """After the pass, for the maxima of the compiled function's own frame (nothing of the call has run, so the
     frame may be traced again: Retrace):
       - a kept max is traced again without the range where it is passed into a compiled region, and with the
@@ -189,7 +181,7 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], mirrors: dict) 
     if retrace:
         raise Retrace(retrace)
     signature = graph_signature(graph) if assumed else ""
-    for item, _lengths, guards, _after in assumed:
+    for item, guards in assumed:
         line = item.meta[FIRST]
         if len(assumed) > 1 or len(guards) != 1:
             retrace[line] = "final"
@@ -241,8 +233,8 @@ ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (
 
 def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
     """The values in [0, bound] that the max read by `item` can take in a step that runs: those where every branch
-    it was traced with at the bound has that outcome (settle_at_bound asserts each on the device when the max is
-    rewritten; a max with none gets no assertion and every value). A guard that cannot be evaluated here (not of
+    it was traced with has that outcome (each trace's proof covers the maxima that take its outcome; settle_at_bound
+    keeps a rewrite only where the other outcome's trace gives the same graph; a max with none: every value). A guard that cannot be evaluated here (not of
     this one symbol, an operator this file does not spell) narrows nothing: the answer is then a superset of the
     values, which is what a proof taking a minimum over them may use. None for a bound past ADMITTED_LIMIT."""
     if bound + 1 > ADMITTED_LIMIT:
@@ -287,7 +279,7 @@ _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.flo
 def _evaluate(expr, value, call, is_value):
     """The sympy expression `expr` of one symbol, `value` standing for it: operations on Python ints folded, every
     other one made by `call(op, *args)` (a graph node, or a tensor op on the host); `is_value` tells what `call`
-    made from a folded int. The one spelling of the guards, for the device assertion and the proof's domain."""
+    made from a folded int. The one spelling of the guards, for the proof's domain."""
     import sympy
 
     if expr is sympy.true or expr is sympy.false:

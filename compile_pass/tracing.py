@@ -32,16 +32,17 @@ What gets a range, and why it is sound:
         `.item()` (`recheck_kept`): a host check of a value already on the host, so the kept graph never runs on
         an assumption it did not check.
 A branch of the user's code whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at
-m = 0 only) is traced with the outcome it has at the bound, the width a rewrite gives, where all of this holds:
-`checked=True`, the frame Dynamo traces is the compiled function's own (nothing of the call has run yet), and
-the condition's one symbol is such a ranged max. Dynamo records the outcome as a runtime assertion; the
-backend takes it out before the pass and then:
-  - the pass rewrote the max (its proof: the result does not depend on the max within the bound, for the code
-    traced): the outcome is asserted on the device, on the max of the lengths (`_assert_async`, no host read),
-    so a step whose max would take the other branch raises instead of running code that was not traced for it;
-  - the pass kept the max: the frame is traced again as above (nothing ran, so nothing runs twice), never at
-    the bound again: Dynamo breaks at the branch as it does without the backend, and the kept max runs exactly
-    as eager.
+m = 0 only) is traced with the outcome it has at the bound, where all of this holds: `checked=True`, the frame
+Dynamo traces is the compiled function's own (nothing of the call has run yet), and the condition's one symbol is
+such a ranged max. Dynamo records the outcome as a runtime assertion; the backend takes it out before the pass
+and never puts it back (a valid length must not raise: issue 45), then (traced_ranges.settle_at_bound):
+  - the pass rewrote the max: the frame is traced again with the branch's other outcome (mode "other", where no
+    second branch is decided); where both rewritten graphs are one graph, that graph gives eager's values for
+    every max in the range (each trace is eager's computation for the maxima that take its outcome, and each
+    rewrite is proven for them) and is kept with no assertion;
+  - otherwise (the graphs differ, several branches or maxima, the max kept): the frame is traced again with the
+    range only (nothing ran, so nothing runs twice): Dynamo breaks at the branch as it does without the backend,
+    and the kept max runs exactly as eager.
 Only the user's branches (Dynamo's `SymNodeVariable.evaluate_expr`) are decided this way, never a guard torch
 evaluates internally (those fall back to a general path by themselves).
 
