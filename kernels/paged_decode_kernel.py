@@ -54,9 +54,13 @@ def paged_decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pt_row = pt_ptr + b * pt_sb
+    # An empty pool has no page to clamp to: no key is read. A block, not the scalar `num_pages > 0`: triton 3.9's
+    # interpreter makes a scalar comparison's `&` with a block an int32 tensor, which tl.load refuses as a mask
+    # (3.6's and 3.8's compilers and 3.8's interpreter take either; this form is one compare per program).
+    pool_ok = tl.zeros([BLOCK_N], tl.int64) < num_pages
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
-        t_ok = (t < end) & (num_pages > 0)  # an empty pool has no page to clamp to
+        t_ok = (t < end) & pool_ok
         page = tl.load(pt_row + (t // page_size) * pt_sw, mask=t_ok, other=0).to(tl.int64)
         # A key whose page id is not a page of the pool is skipped: its score is masked out (it adds nothing) and
         # its loads are clamped into the pool. Masking the loads by the id instead (42eb061) made the kernel 59%
