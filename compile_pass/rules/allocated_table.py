@@ -21,6 +21,9 @@ The table's forms (issue 30: SGLang's FlashMLA and TRTLLM-MLA with the CPU mirro
     buf[:B, :n]                               a slice of a persistent buffer (a graph input or attribute) whose
                                               width is statically >= the bound's pages (FlashMLA's grown scratch);
                                               the writer's stride is then the buffer's own, unchanged
+    t = torch.full((B, n), -1); t[:B, :n]     a full view of such an allocation (FlashMLA's scratch grown from
+                                              None: allocated, stored, and sliced whole): the same table, both
+                                              widened together
 with n the page count `cdiv(m + c, ps)`, or its round-up `cdiv(cdiv(m + c, ps), L) * L` (TRTLLM-MLA's
 `_calc_padded_blocks`): the static width is the same expression at m = bound. Under static_escapes the table may
 also leave the step (stored on the backend's metadata), at the static width.
@@ -80,6 +83,7 @@ class TablePlan:
     grids: tuple = ()  # (node, pages_per_program): a grid's axis-1 block count `cdiv(n, ppp)` -> cdiv(pages, ppp)
     escapes: bool = False  # the table itself reaches the graph output (static_escapes): it leaves at the width
     slack: int = 0  # the tokens past the max that eager's table covers for every value of it (the round-up's)
+    aliases: tuple = ()  # full views `t[:B, :n]` of the allocation `t` (B, n): the table itself, widened with it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +212,10 @@ class _Walk(HostMaxWalk):
                 continue
             raise Unsafe("width_use", f"the page count at {node_location(count)} is used by {describe_use(user)}, "
                                       "not only as an allocation's width and its writer's row stride")
+        # A full view `t[:B, :n]` of an allocation `t` of (B, n) (a scratch grown from None: FlashMLA allocates
+        # `(bs, n)` and returns `buf[:bs, :n]`) is that table, not a second one.
+        aliases = [s for s in slices if len(allocations) == 1 and _full_view(s, allocations[0])]
+        slices = [s for s in slices if s not in aliases]
         if len(allocations) + len(slices) != 1:
             raise Unsafe("width_use", f"the page count at {node_location(count)} sizes "
                                       f"{len(allocations) + len(slices)} tables; one table, one writer")
@@ -223,7 +231,7 @@ class _Walk(HostMaxWalk):
         grid_users = {u for _, _, node in grids for u in node.users}
         self.follow_table(count, page_size, extra, pages, allocation, tuple(strides), tuple(bookkeeping),
                           set(writers) | {u for s in strides for u in s.users} | grid_users, bool(slices),
-                          tuple(rounding), tuple(grids))
+                          tuple(rounding), tuple(grids), tuple(aliases))
 
     def round_up_slack(self, extra: int, page_size: int, add: int, multiple: int) -> int:
         """How many tokens past the max eager's rounded-up table covers at least, over every value the max can
@@ -254,14 +262,18 @@ class _Walk(HostMaxWalk):
                                           "static width would not fit in it")
 
     def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers,
-                     sliced=False, rounding=(), grids=()):
+                     sliced=False, rounding=(), grids=(), aliases=()):
         tv = example_value(allocation)
         if getattr(tv, "dtype", None) not in INT_DTYPES:
             raise Unsafe("not_a_table", f"the allocation at {node_location(allocation)} is {getattr(tv, 'dtype', None)}"
                                         ", not an int32/int64 page table")
         rows = allocation.args[1][0].stop if sliced else as_allocation(allocation).sizes[0]
-        users = sorted(allocation.users, key=self.ctx.index)
-        checks = [size_checks(u, allocation) for u in users]
+        # (user, the node it reaches the table through): the allocation, or a full view of it standing for it
+        pairs = sorted([(u, allocation) for u in allocation.users if u not in aliases]
+                       + [(u, a) for a in aliases for u in a.users], key=lambda p: self.ctx.index(p[0]))
+        users = [u for u, _ in pairs]
+        through = dict(pairs)
+        checks = [size_checks(u, through[u]) for u in users]
         for user, found in zip(users, checks):
             if found is not None:  # Dynamo's bookkeeping for a slice's width (true for any width in [0, pages])
                 if not all(holds_for_every_value(c, user, pages) for c in found if c.target not in ASSERTS):
@@ -279,10 +291,12 @@ class _Walk(HostMaxWalk):
                 raise Unsafe("no_writer", f"{describe_use(writer)} reads the allocated table before any kernel "
                                           "writes it")
             raise self.table_use(writer)
-        facts = self.follow_writer(launch, allocation, rows, count, page_size, extra, strides, sliced, grids)
+        if aliases and any(allocation in held for held in _held_by(launch)):
+            raise Unsafe("table_argument", f"the allocated table is passed to {launch.name} beside its view")
+        facts = self.follow_writer(launch, through[writer], rows, count, page_size, extra, strides, sliced, grids)
         consumers, escapes = [], False
-        for user, table in reads_of(users[1:], allocation):
-            if user.op == "output" and self.ctx.options.static_escapes and table is allocation:
+        for user, table in (pair for u in users[1:] for pair in reads_of([u], through[u])):
+            if user.op == "output" and self.ctx.options.static_escapes and table in (allocation, *aliases):
                 escapes = True  # the table leaves at the static width (options['static_escapes'])
                 continue
             if launch_of(user) is not None or _compat.user_triton_kernel(user) is not None:
@@ -299,7 +313,7 @@ class _Walk(HostMaxWalk):
                 raise Unsafe("table_argument", f"the allocated table is passed to {entry.name} as {names}, not as its "
                                                "page-table argument")
             check_page_size(user, entry, page_size)
-            protected = [allocation, table, *([allocation.args[0]] if sliced else [])]
+            protected = [allocation, table, *aliases, *([allocation.args[0]] if sliced else [])]
             try:
                 self.ctx.check_no_writes(user, protected, "the allocated table", writer, self.disjoint)
             except Unsafe as e:
@@ -321,7 +335,8 @@ class _Walk(HostMaxWalk):
         grid_nodes = tuple((node, ppp) for _, ppp, node in grids)
         self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name,
                                      (*bookkeeping, *(n for chain, _, _ in grids for n in chain)),
-                                     tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes, extra))
+                                     tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes, extra,
+                                     tuple(aliases)))
 
     @staticmethod
     def table_use(user: torch.fx.Node) -> Unsafe:
@@ -419,7 +434,8 @@ class _Walk(HostMaxWalk):
     def plan(self, bound_source: str) -> AllocatedTablePlan:
         touches = self.shared_touches()
         for t in self.tables:
-            touches |= {t.count, t.allocation, t.writer, *t.strides, *t.bookkeeping, *t.consumers, *t.rounding,
+            touches |= {t.count, t.allocation, *t.aliases, t.writer, *t.strides, *t.bookkeeping, *t.consumers,
+                        *t.rounding,
                         *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
         scratch = frozenset(t.allocation.args[0] for t in self.tables
@@ -427,6 +443,21 @@ class _Walk(HostMaxWalk):
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
                                   frozenset(self.disjoint), scratch)
+
+
+def _full_view(view: torch.fx.Node, allocation: torch.fx.Node) -> bool:
+    """`t[:B, :n]` of the allocation `t` of (B, n) (slice_of already holds: starts 0, steps 1, column stop n):
+    every cell of `t`, at `t`'s own strides."""
+    spelled = as_allocation(allocation)
+    return view.args[0] is allocation and spelled is not None and _same_size(view.args[1][0].stop, spelled.sizes[0])
+
+
+def _held_by(launch: Launch):
+    """The nodes each argument of a launch holds."""
+    for value in launch.args.values():
+        held = []
+        torch.fx.node.map_arg(value, held.append)
+        yield held
 
 
 def _sizes_an_allocation(node: torch.fx.Node, depth: int = 0) -> bool:
@@ -504,7 +535,10 @@ class AllocatedTableMax(HostMaxRule):
     cdiv(len_b, ps)), and the consumers read no further on row b with the same lengths: the stale tail of the
     scratch is never read (SGLang's own argument, flashmla_backend.py:145). Row views `t[:B']` reaching the
     consumers stand for the table; Dynamo's checks on the slice's width (`0 <= w <= buf.shape[1]`) hold for W.
-    The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
+    A full view `t[:B, :n]` of the allocation `t` of (B, n) (the scratch grown from None, issue 45) is every cell
+    of `t` at `t`'s strides: it stands for the table wherever it is used (the writer's table, a consumer's page
+    table, an escape), and is widened with the allocation, so it stays all of it; the writer may not get `t`
+    beside it. The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
     the bound's page count, at least eager's width for every m within the bound (monotone), and a multiple of L
     as the consumer may require. Dynamo's `blocks % L != 0` branch is the tracing side's (compile_pass/tracing.py):
     either outcome gives the same round-up.
@@ -561,12 +595,15 @@ def _widen(table: TablePlan) -> None:
         node.args = (base, (rows, slice(cols.start, table.pages, cols.step)))
     else:
         node.args, node.kwargs = with_size(as_allocation(node), 1, table.pages)
+    for alias in table.aliases:  # a full view of the allocation: the whole widened table
+        base, (rows, cols) = alias.args
+        alias.args = (base, (rows, slice(cols.start, table.pages, cols.step)))
     mode = fake_mode_of([node])
     if mode is None:
         return
-    views = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem
-             and len(u.args) == 2 and u.args[0] is node and is_row_view(u.args[1])]
-    for each in (node, *views):
+    views = [u for t in (node, *table.aliases) for u in t.users if u.op == "call_function"
+             and u.target is operator.getitem and len(u.args) == 2 and u.args[0] is t and is_row_view(u.args[1])]
+    for each in (node, *table.aliases, *views):
         args = torch.fx.node.map_arg(each.args, example_value)
         kwargs = torch.fx.node.map_arg(each.kwargs, example_value)
         with mode:

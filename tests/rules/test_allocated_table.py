@@ -28,7 +28,7 @@ import torch
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from conftest_helpers import interpreting
-from passlib import Rewriting
+from passlib import Rewriting, compile_traced
 
 TESTS = Path(__file__).resolve().parents[1]
 PS = 64
@@ -803,3 +803,129 @@ def test_a_round_up_table_filled_by_a_triton_writer_is_rewritten():
         str(backend.report)
     (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
     assert writer.kwargs["kwargs"]["kv_indices_ptr_stride"] == 9
+
+
+# -- a scratch grown from None (issue 45, item 5) ---------------------------------------------------------------
+# SGLang's FlashMLABackend._eager_block_kv_indices on a fresh backend: the scratch is None, so the first step
+# allocates `(bs, n)` and slices all of it, `buf[:bs, :n]`: a full view of the allocation, the same table. Later
+# steps find the scratch the first one stored, at the static width, and slice it (the sliced-scratch form).
+class Scratch:
+    """What the backend keeps between steps: the grown scratch (FlashMLA's `_eager_kv_indices_buf`)."""
+
+    def __init__(self):
+        self.buf = None
+        self.stored = None
+
+
+def grown_step(state: Scratch):
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs = seq_lens.shape[0]
+        n = (seq_lens.max().item() + PS - 1) // PS
+        buf = state.buf
+        if buf is None or buf.shape[0] < bs or buf.shape[1] < n:
+            rows = bs if buf is None else max(bs, buf.shape[0])
+            cols = n if buf is None else max(n, buf.shape[1])
+            buf = torch.full((rows, cols), -1, dtype=torch.int32)
+            state.buf = buf
+        table = buf[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        state.stored = table  # FlashMLADecodeMetadata holds the table
+        return ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
+
+    return step
+
+
+def realistic_inputs(lengths, bound, seed=0):
+    """make_inputs at a realistic bound: a token table of `bound` tokens per request over a pool of small heads."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(REQS * bound // PS, generator=gen).view(REQS, -1)
+    tok = torch.arange(bound)
+    r2t = (pages[:, tok // PS] * PS + tok % PS).to(torch.int32)
+    rpi = torch.randperm(REQS, generator=gen)[: len(lengths)]
+    q = torch.randn(len(lengths), 1, 2, 8, generator=gen)
+    k = torch.randn(REQS * bound // PS, PS, 1, 8, generator=gen)
+    v = torch.randn(REQS * bound // PS, PS, 1, 8, generator=gen)
+    return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("bound", [MCL, 4096, 32768])
+def test_a_scratch_grown_from_none_reaches_the_static_width_in_the_first_compiled_call(bound):
+    """A fresh backend, the first compiled step at a short max: the allocation and its full view are one table,
+    rewritten to the bound's pages, and the scratch stored at that width; every later step slices it without a
+    host read. Eager runs on its own state; the outputs and the stored table's cells within each row's pages are
+    eager's."""
+    pages = -(-bound // PS)
+    compiled_state, eager_state = Scratch(), Scratch()
+    compiled, backend = compile_traced(grown_step(compiled_state), dynamic=False, max_context_len=bound,
+                                       static_escapes=True)
+    eager = grown_step(eager_state)
+    vectors = [[1, 1, 1], [bound, 3, 0], [bound - PS, PS + 1, 7], [PS, bound // 2, 1], [0, 0, 0], [2, 3]]
+    for n, lengths in enumerate(vectors):
+        got, want = compiled(*realistic_inputs(lengths, bound, n)), eager(*realistic_inputs(lengths, bound, n))
+        torch.testing.assert_close(got, want)
+        assert compiled_state.buf.shape[1] == pages, "the scratch did not leave at the static width"
+        for b, length in enumerate(lengths):
+            used = -(-length // PS)
+            assert torch.equal(compiled_state.stored[b, :used], eager_state.stored[b, :used])
+    reports = backend.reports
+    assert len(reports) == 3 and all(not r.kept and [i.rule for i in r.rewritten] == ["allocated_table"] for r in reports), \
+        "\n".join(map(str, reports))
+    assert "allocated table -> width" in reports[0].rewritten[0].reason  # the first call: the allocation
+    assert all("sliced table -> width" in r.rewritten[0].reason for r in reports[1:])  # then the stored scratch
+
+
+def _first_step_report(step, **options):
+    backend = Rewriting(max_context_len=MCL, **options)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    for lengths in ([5, 130, 64], [512, 1, 0]):
+        with compile_pass._compat.capture_scalar_outputs():
+            got = compiled(*make_inputs(lengths))
+        torch.testing.assert_close(got, step(*make_inputs(lengths)))
+    return backend
+
+
+def test_a_view_of_fewer_rows_than_the_allocation_is_a_second_table():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        buf = torch.full((bs + 1, n), -1, dtype=torch.int32)
+        table = buf[:bs, :n]  # not all of buf: rows past bs stay -1, but the view is not the allocation
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(_first_step_report(step)) == [("width_use", "allocated_table")]
+
+
+def test_the_allocation_passed_to_its_writer_beside_its_full_view_keeps_the_max():
+
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        buf = torch.full((bs, n), -1, dtype=torch.int32)
+        table = buf[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        WRITER(r2t, rpi, seq_lens, buf, buf.stride(0), PS)  # the allocation written again, directly
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    codes = kept_codes(_first_step_report(step))
+    assert codes and codes[0][1] == "allocated_table" and codes[0][0] in ("table_written", "table_argument"), codes
+
+
+def test_a_full_view_that_escapes_without_static_escapes_keeps_the_max():
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        table = torch.full((bs, n), -1, dtype=torch.int32)[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32)), table
+
+    backend = Rewriting(max_context_len=MCL)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    with compile_pass._compat.capture_scalar_outputs():
+        compiled(*make_inputs([5, 130, 64]))
+    assert kept_codes(backend) == [("escapes", "allocated_table")], str(backend.report)
+    backend = Rewriting(max_context_len=MCL, static_escapes=True)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    with compile_pass._compat.capture_scalar_outputs():
+        got, table = compiled(*make_inputs([5, 130, 64]))
+    want, want_table = step(*make_inputs([5, 130, 64]))
+    torch.testing.assert_close(got, want)
+    assert table.shape[1] == MCL // PS and torch.equal(table[:, : want_table.shape[1]], want_table)
+    assert not backend.report.kept, str(backend.report)
