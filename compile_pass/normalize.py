@@ -359,9 +359,10 @@ FLIPPED = {operator.le: operator.ge, operator.ge: operator.le, operator.lt: oper
            operator.eq: operator.eq, operator.ne: operator.ne}
 
 
-def compared_constant(compare, node):
+def compared_constant(compare, node, constants=None):
     """(op, k) for a comparison of `node` with an int constant k, read as `node op k` (`k < node` gives
-    (operator.gt, k)); None for anything else."""
+    (operator.gt, k)); None for anything else. `constants`: nodes that stand for an int (a width the proof
+    has shown constant), read as that int."""
     if not (isinstance(compare, torch.fx.Node) and compare.op == "call_function" and compare.target in FLIPPED
             and len(compare.args) == 2 and not compare.kwargs):
         return None
@@ -372,6 +373,7 @@ def compared_constant(compare, node):
         op, k = FLIPPED[compare.target], a
     else:
         return None
+    k = (constants or {}).get(k, k) if isinstance(k, torch.fx.Node) else k
     return (op, k) if is_int_constant(k) else None
 
 
@@ -392,10 +394,10 @@ def asserted_bound(compare, node):
             operator.ge: ("lower", k), operator.gt: ("lower", k + 1)}[op]
 
 
-def holds_for_every_value(compare: torch.fx.Node, node: torch.fx.Node, most: int) -> bool:
+def holds_for_every_value(compare: torch.fx.Node, node: torch.fx.Node, most: int, constants=None) -> bool:
     """Is `compare` (on a value known to lie in [0, most], e.g. a table's width) true whatever the value? Only
     such checks are Dynamo's own bookkeeping; a user's check on the width must keep its meaning."""
-    compared = compared_constant(compare, node)
+    compared = compared_constant(compare, node, constants)
     if compared is None:
         return False
     op, k = compared

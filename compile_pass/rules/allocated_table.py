@@ -24,6 +24,8 @@ The table's forms (issue 30: SGLang's FlashMLA and TRTLLM-MLA with the CPU mirro
     t = torch.full((B, n), -1); t[:B, :n]     a full view of such an allocation (FlashMLA's scratch grown from
                                               None: allocated, stored, and sliced whole): the same table, both
                                               widened together
+    torch.full((R, max(n, C)), -1)[:B, :n]    the scratch regrown for more rows (C >= the bound's pages, the
+                                              width it had): a buffer C wide, sliced
 with n the page count `cdiv(m + c, ps)`, or its round-up `cdiv(cdiv(m + c, ps), L) * L` (TRTLLM-MLA's
 `_calc_padded_blocks`): the static width is the same expression at m = bound. Under static_escapes the table may
 also leave the step (stored on the backend's metadata), at the static width.
@@ -46,7 +48,8 @@ from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import node_location, replace_uses
 from ..allocations import as_allocation, with_size
-from ..normalize import ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, page_count, plus_constant, row_stride_of
+from ..normalize import (ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, is_int_constant, page_count,
+                         plus_constant, row_stride_of)
 from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
 from .bounded_writers import BoundedWriter, Launch, launch_of
@@ -84,6 +87,7 @@ class TablePlan:
     escapes: bool = False  # the table itself reaches the graph output (static_escapes): it leaves at the width
     slack: int = 0  # the tokens past the max that eager's table covers for every value of it (the round-up's)
     aliases: tuple = ()  # full views `t[:B, :n]` of the allocation `t` (B, n): the table itself, widened with it
+    covers: tuple = ()  # (node, C): `max(n, C)` with C >= the static width: C for every n within it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +146,7 @@ class _Walk(HostMaxWalk):
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
         super().__init__(point, ctx, bound)
         self.tables, self.bounds, self.pending = [], [], []
+        self.covers: dict = {}  # the current page count's `max(n, C)` nodes -> C (on_page_count)
 
     def on_use(self, user: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
         entry = lookup_consumer(user) if user.op == "call_function" else None
@@ -181,7 +186,7 @@ class _Walk(HostMaxWalk):
                 rounding = (*rounding, check, *check.users)
             count = width
             extra = self.round_up_slack(extra, page_size, add, multiple)
-        allocations, slices, strides, bookkeeping, writers, grids = [], [], [], [], [], []
+        allocations, slices, strides, bookkeeping, writers, grids, covers = [], [], [], [], [], [], {}
         for user in count.users:
             alloc = as_allocation(user)
             if alloc is not None and is_table_of(alloc, count):
@@ -203,6 +208,10 @@ class _Walk(HostMaxWalk):
             if row_stride_of(user, count):
                 strides.append(user)
                 continue
+            covered = covering_constant(user, count)
+            if covered is not None and covered >= pages:  # `max(n, C)`: C for every n in [0, pages]
+                covers[user] = covered
+                continue
             if user.op == "call_function" and user.target in (operator.ge, operator.gt, operator.le, operator.lt) \
                     and user.users and all(u.op == "call_function" and u.target in ASSERTS for u in user.users):
                 if not holds_for_every_value(user, count, pages):
@@ -220,6 +229,7 @@ class _Walk(HostMaxWalk):
             raise Unsafe("width_use", f"the page count at {node_location(count)} sizes "
                                       f"{len(allocations) + len(slices)} tables; one table, one writer")
         (allocation,) = allocations or slices
+        self.covers = covers
         if slices:
             self.check_buffer(allocation, pages)
         for stride in strides:
@@ -251,15 +261,25 @@ class _Walk(HostMaxWalk):
         pages, statically, so that `buf[:B, :pages]` holds the same cells eager's slice holds, and more."""
         base = table.args[0]
         bv = example_value(base)
-        if base.op not in ("placeholder", "get_attr") or getattr(bv, "ndim", 0) != 2 \
-                or bv.dtype not in INT_DTYPES:
+        spelled = as_allocation(base)
+        if (base.op not in ("placeholder", "get_attr") and (spelled is None or spelled.rank != 2)) \
+                or getattr(bv, "ndim", 0) != 2 or bv.dtype not in INT_DTYPES:
             raise Unsafe("not_a_table", f"the page count slices {describe_use(base)}, not a persistent 2-D int "
-                                        "buffer (a graph input or attribute)")
-        width = bv.shape[1]
+                                        "buffer (a graph input or attribute) nor a 2-D int allocation")
+        width = self.base_width(base)
         if not isinstance(width, int) or width < pages:
             raise Unsafe("buffer_narrow", f"the buffer {base.name} sliced at {node_location(table)} is {width} "
                                           f"columns wide, not statically as wide as the bound's {pages} pages: the "
                                           "static width would not fit in it")
+
+    def base_width(self, base: torch.fx.Node):
+        """The width of a sliced buffer: a graph input's static one, or an allocation's (SGLang's regrown scratch
+        `torch.full((rows, max(n, W)), -1)`: W, a covering width, for every n within the bound)."""
+        spelled = as_allocation(base)
+        if spelled is None or spelled.rank != 2:
+            return example_value(base).shape[1]
+        width = spelled.sizes[1]
+        return self.covers.get(width) if isinstance(width, torch.fx.Node) else width
 
     def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers,
                      sliced=False, rounding=(), grids=(), aliases=()):
@@ -276,7 +296,8 @@ class _Walk(HostMaxWalk):
         checks = [size_checks(u, through[u]) for u in users]
         for user, found in zip(users, checks):
             if found is not None:  # Dynamo's bookkeeping for a slice's width (true for any width in [0, pages])
-                if not all(holds_for_every_value(c, user, pages) for c in found if c.target not in ASSERTS):
+                if not all(holds_for_every_value(c, user, pages, self.covers) for c in found
+                           if c.target not in ASSERTS):
                     raise Unsafe("width_check", f"the table's width is checked at {node_location(user)} by a "
                                                 "check that does not hold for every width, which must keep its "
                                                 "meaning")
@@ -336,7 +357,7 @@ class _Walk(HostMaxWalk):
         self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name,
                                      (*bookkeeping, *(n for chain, _, _ in grids for n in chain)),
                                      tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes, extra,
-                                     tuple(aliases)))
+                                     tuple(aliases), tuple(self.covers.items())))
 
     @staticmethod
     def table_use(user: torch.fx.Node) -> Unsafe:
@@ -371,7 +392,9 @@ class _Walk(HostMaxWalk):
         if facts.table_stride is not None:
             stride = args.get(facts.table_stride)
             if sliced:  # the buffer's own row stride: the same for the slice at any width
-                real = example_value(allocation).stride(0)
+                base = allocation.args[0]
+                real = self.base_width(base) if as_allocation(base) is not None else example_value(allocation).stride(0)
+                stride = self.covers.get(stride, stride) if isinstance(stride, torch.fx.Node) else stride
                 if not (isinstance(stride, int) and isinstance(real, int) and stride == real):
                     raise Unsafe("width_use", f"{name}'s {facts.table_stride!r} ({stride!r}) is not the buffer's row "
                                               f"stride ({real})")
@@ -435,7 +458,7 @@ class _Walk(HostMaxWalk):
         touches = self.shared_touches()
         for t in self.tables:
             touches |= {t.count, t.allocation, *t.aliases, t.writer, *t.strides, *t.bookkeeping, *t.consumers,
-                        *t.rounding,
+                        *t.rounding, *(node for node, _ in t.covers), *(t.allocation.args[:1] if t.sliced else ()),
                         *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
         scratch = frozenset(t.allocation.args[0] for t in self.tables
@@ -450,6 +473,17 @@ def _full_view(view: torch.fx.Node, allocation: torch.fx.Node) -> bool:
     every cell of `t`, at `t`'s own strides."""
     spelled = as_allocation(allocation)
     return view.args[0] is allocation and spelled is not None and _same_size(view.args[1][0].stop, spelled.sizes[0])
+
+
+def covering_constant(node, count: torch.fx.Node):
+    """C for `torch.sym_max(n, C)` / `max(C, n)` of the page count n and an int C, else None: the width of a
+    scratch regrown for more rows (`max(n, buf.shape[1])`), C wherever n <= C."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+            or node.target not in (torch.sym_max, max) or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    other = b if a is count else a if b is count else None
+    return other if other is not None and is_int_constant(other) else None
 
 
 def _held_by(launch: Launch):
@@ -538,7 +572,11 @@ class AllocatedTableMax(HostMaxRule):
     A full view `t[:B, :n]` of the allocation `t` of (B, n) (the scratch grown from None, issue 45) is every cell
     of `t` at `t`'s strides: it stands for the table wherever it is used (the writer's table, a consumer's page
     table, an escape), and is widened with the allocation, so it stays all of it; the writer may not get `t`
-    beside it. The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
+    beside it. A scratch regrown for more rows, `torch.full((rows, max(n, C)), -1)[:B, :n]` with the int C at
+    least the static width W (the width the last step stored): `max(n, C)` is C for every n in [0, W], so every
+    use of it gets C (under `checked` the lengths are asserted, as for every rewrite), the allocation is then a
+    buffer statically C >= W wide, and its slice is the sliced scratch above (the writer's stride is the
+    allocation's own row stride, C). The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
     the bound's page count, at least eager's width for every m within the bound (monotone), and a multiple of L
     as the consumer may require. Dynamo's `blocks % L != 0` branch is the tracing side's (compile_pass/tracing.py):
     either outcome gives the same round-up.
@@ -560,6 +598,10 @@ class AllocatedTableMax(HostMaxRule):
         parts = []
         dead = rewrite_host_checks(graph, plan.checks)
         for t in plan.tables:
+            for cover, constant in t.covers:  # `max(n, C)` is C within the bound: every use gets C
+                for user in list(cover.users):
+                    replace_uses(user, cover, constant)
+                dead.append(cover)
             _widen(t)
             for stride in t.strides:
                 replace_uses(t.writer, stride, max(1, t.pages))
@@ -571,7 +613,8 @@ class AllocatedTableMax(HostMaxRule):
             parts.append(f"{what} -> width {t.pages} (page_size {t.page_size}"
                          f"{', rounded up' if t.rounding else ''}), written by {t.writer_name}"
                          f"{f'; the round-up covers the max + {t.slack} for every value of it' if t.rounding else ''}"
-                         f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}")
+                         f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}"
+                         f"{''.join(f'; the regrown width max(n, {c}) is {c} within the bound' for _, c in t.covers)}")
         for consumer, node, value in plan.bounds:
             replace_uses(consumer, node, value)
             parts.append(f"upper bound -> {value}")
@@ -590,6 +633,8 @@ def _widen(table: TablePlan) -> None:
     read it), and so do those of its row views `t[:B']`, which have the same width: a stale view would still hold
     the dynamic width's unbacked symbol, and the backend would turn CUDA graphs off for a graph that holds none."""
     node = table.allocation
+    if table.sliced and table.covers:  # a regrown allocation sliced: its width is now the covering constant
+        _refresh(node.args[0])
     if table.sliced:
         base, (rows, cols) = node.args
         node.args = (base, (rows, slice(cols.start, table.pages, cols.step)))
@@ -604,7 +649,15 @@ def _widen(table: TablePlan) -> None:
     views = [u for t in (node, *table.aliases) for u in t.users if u.op == "call_function"
              and u.target is operator.getitem and len(u.args) == 2 and u.args[0] is t and is_row_view(u.args[1])]
     for each in (node, *table.aliases, *views):
-        args = torch.fx.node.map_arg(each.args, example_value)
-        kwargs = torch.fx.node.map_arg(each.kwargs, example_value)
-        with mode:
-            each.meta["example_value"] = each.target(*args, **kwargs)
+        _refresh(each, mode)
+
+
+def _refresh(node: torch.fx.Node, mode=None) -> None:
+    """The node's example value computed again from its (rewritten) arguments' own."""
+    mode = mode or fake_mode_of([node])
+    if mode is None:
+        return
+    args = torch.fx.node.map_arg(node.args, example_value)
+    kwargs = torch.fx.node.map_arg(node.kwargs, example_value)
+    with mode:
+        node.meta["example_value"] = node.target(*args, **kwargs)

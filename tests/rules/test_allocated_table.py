@@ -859,7 +859,8 @@ def test_a_scratch_grown_from_none_reaches_the_static_width_in_the_first_compile
     compiled, backend = compile_traced(grown_step(compiled_state), dynamic=False, max_context_len=bound,
                                        static_escapes=True)
     eager = grown_step(eager_state)
-    vectors = [[1, 1, 1], [bound, 3, 0], [bound - PS, PS + 1, 7], [PS, bound // 2, 1], [0, 0, 0], [2, 3]]
+    vectors = [[1, 1, 1], [bound, 3, 0], [bound - PS, PS + 1, 7], [PS, bound // 2, 1], [0, 0, 0], [2, 3],
+               [1, 2, 3, 4, 5], [bound, 1, 1, 1, bound - 1], [7, 7]]  # five rows: the scratch regrown
     for n, lengths in enumerate(vectors):
         got, want = compiled(*realistic_inputs(lengths, bound, n)), eager(*realistic_inputs(lengths, bound, n))
         torch.testing.assert_close(got, want)
@@ -868,10 +869,38 @@ def test_a_scratch_grown_from_none_reaches_the_static_width_in_the_first_compile
             used = -(-length // PS)
             assert torch.equal(compiled_state.stored[b, :used], eager_state.stored[b, :used])
     reports = backend.reports
-    assert len(reports) == 3 and all(not r.kept and [i.rule for i in r.rewritten] == ["allocated_table"] for r in reports), \
+    assert len(reports) == 6 and all(not r.kept and [i.rule for i in r.rewritten] == ["allocated_table"] for r in reports), \
         "\n".join(map(str, reports))
     assert "allocated table -> width" in reports[0].rewritten[0].reason  # the first call: the allocation
     assert all("sliced table -> width" in r.rewritten[0].reason for r in reports[1:])  # then the stored scratch
+    regrown = [r for r in reports if f"regrown width max(n, {pages}) is {pages}" in r.rewritten[0].reason]
+    assert len(regrown) == 1, "\n".join(map(str, reports))  # five rows: `max(n, buf.shape[1])` covered
+
+
+def test_a_regrown_width_narrower_than_the_bound_keeps_the_max():
+    """`max(n, C)` with C below the bound's pages is not C for every n within the bound: the max is kept."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        table = torch.full((bs, max(n, 4)), -1, dtype=torch.int32)[:bs, :n]  # 4 < 8 pages
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+    assert kept_codes(_first_step_report(step)) == [("width_use", "allocated_table")]
+
+
+def test_a_regrown_scratch_read_elsewhere_keeps_its_values():
+    """The regrown allocation `(bs, max(n, 8))` returned whole (its -1 tail included) and sliced for the writer:
+    rewritten, and every cell of it is eager's (its width is 8 for every max within the bound)."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        buf = torch.full((bs, max(n, MCL // PS)), -1, dtype=torch.int32)
+        table = buf[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32)), buf.sum(dim=1)
+
+    backend = _first_step_report(step)
+    assert not backend.report.kept and "regrown width max(n, 8) is 8" in backend.report.rewritten[0].reason, \
+        str(backend.report)
 
 
 def _first_step_report(step, **options):
