@@ -163,8 +163,9 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
         range only (no branch decided at the bound: Dynamo breaks there as without the backend) where a branch
         was traced at the bound;
       - a rewritten max whose frame was traced with one branch at the bound's outcome is traced again with the
-        other outcome (mode "other"); the two rewritten graphs must be the same graph (graph_signature), and
-        then that graph computes eager's values for every max in [0, bound] (each trace is eager's computation
+        other outcome (mode "other"); the two traces must be the same computation (frame_signature: the same
+        rewritten graph, reading the same inputs, and the same code after it: side effects, returned constants,
+        what a graph break hands on), and then that graph computes eager's values for every max in [0, bound] (each trace is eager's computation
         for the maxima that take its outcome, and each rewrite is proven for them), with no assertion on the
         outcome: a valid length never raises. Two graphs that differ, several branches, or several such maxima
         (their combinations are not all traced) are traced again with the range only.
@@ -180,10 +181,10 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
     retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
     if retrace:
         raise Retrace(retrace)
-    signature = graph_signature(graph) if assumed else ""
+    signature = frame_signature(graph) if assumed else None
     for item, guards in assumed:
         line = item.meta[FIRST]
-        if len(assumed) > 1 or len(guards) != 1:
+        if len(assumed) > 1 or len(guards) != 1 or signature is None:
             retrace[line] = "final"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
@@ -192,6 +193,15 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
     if retrace:
         raise Retrace(retrace, evidence)
     return 0
+
+
+def frame_signature(graph: torch.fx.Graph) -> str | None:
+    """What one trace of the frame computes: the graph (graph_signature) and the code Dynamo runs after it (its
+    side effects, the constants it returns or hands a resume function, where each output goes:
+    _compat.frame_residual). None where that code cannot be read: the trace is then never called the same as
+    another (an attribute store or a returned constant that differs between the outcomes is not in the graph)."""
+    residual = _compat.frame_residual()
+    return None if residual is None else graph_signature(graph) + "\n-- after the graph --\n" + residual
 
 
 def graph_signature(graph: torch.fx.Graph) -> str:
@@ -218,8 +228,8 @@ def graph_signature(graph: torch.fx.Graph) -> str:
         target = node.target if isinstance(node.target, str) else \
             f"{getattr(node.target, '__module__', '')}.{getattr(node.target, '__qualname__', node.target)}"
         line = f"{node.op} {target} {arg(node.args)} {arg(node.kwargs)}"
-        if node.op == "placeholder":
-            line = f"placeholder {index[node]}"
+        if node.op == "placeholder":  # where it comes from: two traces may lift other inputs in its place
+            line = f"placeholder {index[node]} {_compat.placeholder_source_name(node)}"
         if node.op == "get_attr" and owner is not None:
             body = getattr(owner, str(node.target), None)
             if isinstance(body, torch.fx.GraphModule):

@@ -5,6 +5,7 @@
     inductor      compile_fx, Inductor's config and compile workers, CUDA-graph static inputs, logging
     caches        compile caches and AOT precompile
     regions       compiled regions (invoke_subgraph) and their schema cache
+    residual      the code Dynamo runs after the graph it is compiling (read, not patched)
 
 Each module's docstring lists the patches it installs, each dated: the torch versions it was checked on and what
 would remove it. Nothing here imports the rest of compile_pass (tests/test_architecture.py checks it): this
@@ -35,11 +36,12 @@ from .caches import (  # noqa: F401
     aot_compile_supported, aot_compile_enabled, aot_compile, compiled_function_bytes, load_compiled_function_bytes,
     precompiling, SerializableCallable, picklable_fallback, serializable_step,
 )
+from .residual import frame_residual  # noqa: F401
 from .dynamo_hooks import (  # noqa: F401
     _ITEM_HOOKS, on_captured_item, symbol_of, _GUARD_HOOKS, RETRY, on_data_dependent_guard, shape_env_of,
     assert_at_runtime, discard_graph_breaks, _CLASS_CALL_HOOKS, _DISABLED_CALL_HOOKS, unsupported,
     on_user_class_call, on_disabled_call, disabled_target, constant_of, python_type_of, list_items_of,
     is_tensor_variable, constant_variable,
     trace_call, build_struct, struct_variable, class_attribute, NOT_IN_CLASS,
-    struct_model_unfit, _FRAME_COMPILE_HOOKS, on_frame_compile,
+    struct_model_unfit, _FRAME_COMPILE_HOOKS, on_frame_compile, ALLOCATION_BREAK, break_where_dynamo_cannot_allocate,
 )

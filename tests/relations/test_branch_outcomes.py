@@ -93,3 +93,94 @@ def test_a_bound_off_the_round_up_s_span_breaks_at_the_branch_and_gives_eager_s_
         inputs = make_inputs(lengths, width, page_size, seed=n)
         torch.testing.assert_close(call(*inputs), step(*inputs))
     assert not any(r.rewritten for r in backend.reports), [str(r) for r in backend.reports]
+
+
+# -- what the two outcomes do outside the graph ----------------------------------------------------------------
+# Two traces with the same FX graph are one computation only where the code Dynamo runs around the graph is the
+# same too: an attribute store, a returned constant, a local handed across a graph break, or the input a branch
+# picks lives in that code or in the graph's inputs, not in its nodes. Each outcome of these branches differs
+# there only: the step breaks at the branch (the max kept), with eager's values and eager's side effects for
+# maxima of either outcome. A store that is the same in both outcomes (TRTLLM-MLA stores its metadata) does not
+# stop the rewrite.
+class Holder:
+    pass
+
+
+HOLDER = Holder()
+BOUND, PS = 4096, 64
+
+
+def _table(r2t, rpi, seq_lens):
+    """The table at cdiv(m, PS): no branch of its own, so the parity below is the step's one branch."""
+    m = seq_lens.max().item()
+    blocks = (m + PS - 1) // PS
+    table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+    WRITER(r2t, rpi, seq_lens, table, blocks, PS)
+    return m, table
+
+
+def parity_store(q, k, v, r2t, rpi, seq_lens):
+    m, table = _table(r2t, rpi, seq_lens)
+    HOLDER.parity = "even" if m % 2 == 0 else "odd"
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+def parity_returned(q, k, v, r2t, rpi, seq_lens):
+    m, table = _table(r2t, rpi, seq_lens)
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m), ("even" if m % 2 == 0 else "odd")
+
+
+def parity_across_a_break(q, k, v, r2t, rpi, seq_lens):
+    m, table = _table(r2t, rpi, seq_lens)
+    scale = 2.0 if m % 2 == 0 else 3.0
+    out = ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+    torch._dynamo.graph_break()
+    return out * scale
+
+
+def parity_picks_an_input(q, k, v, r2t, rpi, seq_lens):
+    m, table = _table(r2t, rpi, seq_lens)
+    keys = k if m % 2 == 0 else v
+    return ATTN(q, keys, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+def same_store(q, k, v, r2t, rpi, seq_lens):
+    m, table = _table(r2t, rpi, seq_lens)
+    HOLDER.table = table  # in both outcomes: the metadata TRTLLM-MLA stores
+    return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+
+
+def _observed(out):
+    return (out, getattr(HOLDER, "parity", None))
+
+
+@pytest.mark.parametrize("step", [parity_store, parity_returned, parity_across_a_break, parity_picks_an_input])
+def test_outcomes_that_differ_outside_the_graph_keep_eager_s_values_and_side_effects(step):
+    call, backend = compile_traced(step, dynamic=False, max_context_len=BOUND)
+    for n, m in enumerate([BOUND, BOUND - 1, 7, 8, 100, 101, 0, 1]):
+        inputs = make_inputs([m, 3, min(m, 2)], BOUND + PS, PS, seed=n)
+        got = _observed(call(*inputs))
+        want = _observed(step(*inputs))
+        (got_out, got_side), (want_out, want_side) = got, want
+        if isinstance(want_out, tuple):  # the returned constant
+            (got_out, got_const), (want_out, want_const) = got_out, want_out
+            assert got_const == want_const, m
+        torch.testing.assert_close(got_out, want_out)
+        assert got_side == want_side, m
+    assert not any(r.rewritten for r in backend.reports), [str(r) for r in backend.reports]
+
+
+def test_a_store_the_same_in_both_outcomes_is_still_rewritten():
+    call, backend = compile_traced(same_store, dynamic=False, max_context_len=BOUND, static_escapes=True)
+    for n, m in enumerate([BOUND, 4000, 1, 0, 4033]):
+        inputs = make_inputs([m, 3, min(m, 2)], BOUND + PS, PS, seed=n)
+        got = call(*inputs)
+        got_table = HOLDER.table
+        want = same_store(*inputs)
+        torch.testing.assert_close(got, want)
+        assert got_table.shape[1] == BOUND // PS  # the table leaves at the static width
+        for b, length in enumerate([m, 3, min(m, 2)]):
+            used = -(-length // PS)
+            assert torch.equal(got_table[b, :used], HOLDER.table[b, :used])
+    assert backend.reports and all(r.rewritten and not r.kept for r in backend.reports), \
+        [str(r) for r in backend.reports]
