@@ -143,6 +143,8 @@ def _new_graph_breaks() -> list[SyncItem]:
         fix = fix_for(reason)
         if fix is not None:
             why += "; " + fix
+        if host and "data-dependent" in reason:  # a branch the backend traced both ways and could not decide
+            why += "".join("; " + text for text in tracing.undecided_branches())
         items.append(SyncItem("graph_break", location, why, host, "", "graph_break" if host else ""))
     return items
 

@@ -43,11 +43,12 @@ class Retrace(Exception):
     run): `modes` maps an `.item()` line to the next way to trace it (tracing.TracingPolicy.modes), `evidence` a
     line to what the next trace is compared with (the rewritten graph of the bound's outcome, for mode "other")."""
 
-    def __init__(self, modes: dict, evidence: dict | None = None):
+    def __init__(self, modes: dict, evidence: dict | None = None, why: dict | None = None):
         super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
                                                              sorted(modes.items())) + " is traced again")
         self.modes = dict(modes)
         self.evidence = dict(evidence or {})
+        self.why = dict(why or {})  # line -> why a branch on its max is not decided (mode "final"): for the report
 
 
 def ranged_items(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -170,7 +171,7 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
         outcome: a valid length never raises. Two graphs that differ, several branches, or several such maxima
         (their combinations are not all traced) are traced again with the range only.
     Nothing is inserted: returns 0."""
-    retrace, evidence = {}, {}
+    retrace, evidence, why = {}, {}, {}
     for item in ranged_items(graph):  # kept: still in the graph
         if FIRST not in item.meta:
             continue
@@ -178,21 +179,39 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
             retrace[item.meta[FIRST]] = "unranged"
         elif item.meta.get(AT_BOUND):
             retrace[item.meta[FIRST]] = "final"
+            why[item.meta[FIRST]] = "the pass kept the max (its own reason says why)"
     retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
     if retrace:
-        raise Retrace(retrace)
+        raise Retrace(retrace, why=why)
     signature = frame_signature(graph) if assumed else None
     for item, guards in assumed:
         line = item.meta[FIRST]
-        if len(assumed) > 1 or len(guards) != 1 or signature is None:
-            retrace[line] = "final"
+        if len(assumed) > 1 or len(guards) != 1:
+            retrace[line], why[line] = "final", "more than one branch on the max differs inside [0, bound]; only " \
+                                                 "one is traced with both outcomes"
+        elif signature is None:
+            retrace[line], why[line] = "final", "this torch does not let the backend read the code Dynamo runs " \
+                                                 "after the graph, so the two outcomes cannot be compared"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
         elif item.meta[OTHER] != signature:
-            retrace[line] = "final"
+            retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature)
     if retrace:
-        raise Retrace(retrace, evidence)
+        raise Retrace(retrace, evidence, why)
     return 0
+
+
+_AFTER = "\n-- after the graph --\n"
+
+
+def outcomes_differ(first: str, second: str) -> str:
+    """Why two traces of a branch's outcomes are not one computation, and what would make them one."""
+    if first.split(_AFTER)[0] != second.split(_AFTER)[0]:
+        return ("its two outcomes compute different graphs (a width, an op or an input that depends on the "
+                "outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up to a "
+                "multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
+    return ("its two outcomes differ outside the graph (an attribute stored, a constant returned, or a value "
+            "handed across a graph break depends on the outcome); the rewrite is proven when they do not")
 
 
 def frame_signature(graph: torch.fx.Graph) -> str | None:
@@ -201,7 +220,7 @@ def frame_signature(graph: torch.fx.Graph) -> str | None:
     _compat.frame_residual). None where that code cannot be read: the trace is then never called the same as
     another (an attribute store or a returned constant that differs between the outcomes is not in the graph)."""
     residual = _compat.frame_residual()
-    return None if residual is None else graph_signature(graph) + "\n-- after the graph --\n" + residual
+    return None if residual is None else graph_signature(graph) + _AFTER + residual
 
 
 def graph_signature(graph: torch.fx.Graph) -> str:

@@ -85,6 +85,7 @@ class TracingPolicy:
         self.root_code = root_code
         self.modes: dict[str, str] = {}
         self.evidence: dict[str, str] = {}  # line -> the rewritten graph of the bound's outcome (mode "other")
+        self.why: dict[str, str] = {}  # line -> why a branch on its max breaks the graph (mode "final")
 
     @classmethod
     def from_options(cls, opts, fn=None) -> "TracingPolicy":
@@ -250,7 +251,17 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
                 raise
             policy.modes.update(inner.modes)
             policy.evidence.update(inner.evidence)
+            policy.why.update(inner.why)
             _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
+
+
+def undecided_branches() -> list[str]:
+    """Why each branch on a bounded max of the call being traced breaks the graph (mode "final"), as
+    "the branch on the max at LINE ...": what the backend adds to such a graph break's report."""
+    if not _ACTIVE:
+        return []
+    return [f"the max at {line} has a branch whose outcome differs inside [0, bound], not decided: {why}"
+            for line, why in sorted(_ACTIVE[-1].why.items()) if _ACTIVE[-1].modes.get(line) == "final"]
 
 
 def _on_class_call(tx, cls, args, kwargs):

@@ -184,3 +184,20 @@ def test_a_store_the_same_in_both_outcomes_is_still_rewritten():
             assert torch.equal(got_table[b, :used], HOLDER.table[b, :used])
     assert backend.reports and all(r.rewritten and not r.kept for r in backend.reports), \
         [str(r) for r in backend.reports]
+
+
+@pytest.mark.parametrize("step,bound,why", [
+    (parity_store, BOUND, "its two outcomes differ outside the graph"),
+    (make_step(64), 6000, "its two outcomes compute different graphs"),
+])
+def test_the_report_says_why_a_branch_breaks_and_what_would_prove_it(step, bound, why):
+    import compile_pass
+
+    compiled = compile_pass.compile(step, max_context_len=bound, dynamic=False)
+    for n, m in enumerate([bound, 7]):
+        inputs = make_inputs([m, 3, 2], 8192 + PS, PS, seed=n)
+        got, want = compiled(*inputs), step(*inputs)
+        torch.testing.assert_close(got, want)
+    breaks = [i for r in compile_pass.reports(compiled) for i in r.kept if i.kind == "graph_break"]
+    assert breaks and all("has a branch whose outcome differs inside [0, bound], not decided" in i.reason
+                          and why in i.reason and "proven when" in i.reason for i in breaks), [i.reason for i in breaks]
