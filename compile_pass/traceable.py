@@ -157,6 +157,11 @@ def _is_plain_default(value) -> bool:
 
 STRUCT_REFUSED = "syncfree: msgspec.Struct not modelled"
 
+# torch 2.11 and 2.12 fail the compile where Dynamo builds a msgspec.Struct by itself (outside compile_pass.compile:
+# `torch.compile(backend="syncfree")` alone), with any backend; 2.13 on break the graph there. From
+# `import compile_pass` on, those two break the graph as 2.13 does (a no-op on 2.13 on; tests/test_hook_versions.py).
+_compat.break_where_dynamo_cannot_allocate()
+
 
 def on_class_call(tx, cls, args, kwargs):
     """The hook at a user class's construction (installed while compile_pass.compile traces)."""

@@ -349,8 +349,8 @@ def test_the_struct_variable_sees_every_field_read_on_this_torch():
     """Dynamo reads an attribute through var_getattr up to 2.13 and through tp_getattro_impl from 2.14 on: the
     model must answer whichever this torch calls. fullgraph=True: a read the model does not see (a GetAttrVariable
     in its place) breaks, or silently runs the frame eagerly, and `t.c is None` would be False. Checked here:
-    a None field read with `is`, arithmetic on a field, a field compared with the value it was given, hasattr,
-    and truth (no __bool__ / __len__), each with eager's value."""
+    a None field read with `is`, arithmetic on a field, a field compared with the value it was given and hasattr,
+    each with eager's value."""
     def hook(tx, cls, args, kwargs):
         if cls is Triple:
             return _compat.struct_variable(cls, {"a": args[0], "b": args[1], "c": _compat.constant_variable(None)})
@@ -364,7 +364,7 @@ def test_the_struct_variable_sees_every_field_read_on_this_torch():
             arithmetic = t.b * 2 + t.b // 2 - t.b % 2
             compared = 10 if t.b == 3 else 20
             has = hasattr(t, "a") + 2 * hasattr(t, "nothing")
-            return t.a * is_none + arithmetic + compared + has * 100 + (1000 if t else 0)
+            return t.a * is_none + arithmetic + compared + has * 100
 
         for b in (3, 4):
             torch._dynamo.reset()
@@ -374,10 +374,57 @@ def test_the_struct_variable_sees_every_field_read_on_this_torch():
         _compat._CLASS_CALL_HOOKS.remove(hook)
 
 
+def _reads_truth_from_the_class() -> bool:
+    """torch 2.13 on: a branch on an object goes through Dynamo's generic_bool (2.13) / generic_is_true (2.14 on),
+    which decides from the Python type's own slots (nb_bool, then the length, then True) and asks the
+    VariableTracker only where the class defines __bool__ / __len__. 2.11 and 2.12 ask the VariableTracker
+    (unpack_var_sequence), which the model denies: the graph breaks there."""
+    import torch._dynamo.symbolic_convert as symbolic_convert
+
+    return any(hasattr(symbolic_convert, name) for name in ("generic_bool", "generic_is_true"))
+
+
+def test_the_truth_of_a_struct_variable_is_eager_s_in_one_graph_or_breaks():
+    """`if t:` on a class with no __bool__ / __len__: True, in one graph where this torch reads truth from the
+    class (2.13 on); on 2.11 / 2.12 the graph breaks there (default deny). Eager's value either way."""
+    def hook(tx, cls, args, kwargs):
+        if cls is Triple:  # also where the object is built again after the break: build_struct(cls, **fields)
+            given = {**dict(zip(("a", "b", "c"), args)), **kwargs}
+            return _compat.struct_variable(cls, {"a": given["a"], "b": given["b"],
+                                                 "c": given.get("c", _compat.constant_variable(None))})
+        return None
+
+    def fn(x):
+        y = x * 3
+        t = Triple(y + 1, 2)
+        return t.a * (1000 if t else 7) + 1
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    assert _compat.on_user_class_call(hook) is True
+    try:
+        torch._dynamo.reset()
+        before = len(_compat.graph_break_reasons())
+        got = torch.compile(fn, backend=backend)(torch.ones(2))
+        breaks = _compat.graph_break_reasons()[before:]
+    finally:
+        _compat._CLASS_CALL_HOOKS.remove(hook)
+    torch.testing.assert_close(got, fn(torch.ones(2)))
+    if _reads_truth_from_the_class():
+        assert len(graphs) == 1 and not breaks, breaks
+    else:
+        assert breaks
+
+
 def test_the_struct_variable_breaks_at_what_it_does_not_model():
     """Default deny on this torch: comparing, hashing, iterating, a non-field attribute, ...: each breaks (fullgraph
     raises with the model's words), or raises what eager raises (Dynamo reads the class's own slots first: no
-    __iter__, no __len__), never an answer made up as `object` would give it."""
+    __iter__, no __len__), never an answer made up as `object` would give it. Where this torch answers from what
+    the model states exactly (2.15: `t.__class__` from python_type(), the class itself), the answer is eager's."""
     def hook(tx, cls, args, kwargs):
         if cls is Triple:
             return _compat.struct_variable(cls, {"a": args[0], "b": args[1], "c": _compat.constant_variable(None)})
@@ -385,17 +432,19 @@ def test_the_struct_variable_breaks_at_what_it_does_not_model():
 
     bodies = [lambda t: t == t, lambda t: {t: 1}, lambda t: list(t), lambda t: t.__class__, lambda t: t + 1,
               lambda t: len(t), lambda t: str(t)]
+    traced = []
     assert _compat.on_user_class_call(hook) is True
     try:
-        for body in bodies:
+        for i, body in enumerate(bodies):
             try:
-                body(Triple(torch.ones(2), 1))
+                want = body(Triple(torch.ones(2), 1))
                 eager = None
             except Exception as e:  # noqa: BLE001
                 eager = type(e)
             torch._dynamo.reset()
             try:
-                torch.compile(lambda x: (body(Triple(x, 1)), x + 1), backend="eager", fullgraph=True)(torch.ones(2))
+                got, _ = torch.compile(lambda x: (body(Triple(x, 1)), x + 1), backend="eager", fullgraph=True)(
+                    torch.ones(2))
             except Exception as e:  # noqa: BLE001
                 # fullgraph: a break raises Unsupported; an exception Dynamo raises in the user's code arrives as
                 # "Observed exception" naming it, and must be eager's
@@ -403,9 +452,11 @@ def test_the_struct_variable_breaks_at_what_it_does_not_model():
                 if "Observed exception" in str(e):
                     assert eager is not None and f"{eager.__name__}(" in str(e), (body, e)
             else:
-                raise AssertionError(f"traced without a break: {body}")
+                assert eager is None and type(got) is type(want) and got is want, (i, got, want)
+                traced.append(i)
     finally:
         _compat._CLASS_CALL_HOOKS.remove(hook)
+    assert set(traced) <= {3}, traced  # only t.__class__ may be answered, and only with the class
 
 
 def test_on_disabled_call_sees_each_constant_exactly():

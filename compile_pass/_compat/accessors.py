@@ -249,8 +249,10 @@ def user_triton_kernel(node: torch.fx.Node):
 def no_guard_profiling():
     """While inside, Dynamo does not time each guard manager it builds (torch._dynamo.guards.profile_guard_manager,
     whose result only feeds a debug log): the generated trace-time suites compile a thousand small frames, where
-    it is a fifth of the CPU time. A test-speed patch, dated: checked on torch 2.13.0 and 2.14.1 (2026-12-04); a
-    no-op on a torch without the function; removed when Dynamo profiles guards only under its debug logging."""
+    it is a fifth of the CPU time. A test-speed patch, dated: checked on torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and
+    2.15.0 (2026-12-04: each imports the function into torch._dynamo.guards and calls it by that name there;
+    tests/test_hook_versions.py); a no-op on a torch without the function; removed when Dynamo profiles guards only
+    under its debug logging."""
     import torch._dynamo.guards as guards
 
     profile = getattr(guards, "profile_guard_manager", None)

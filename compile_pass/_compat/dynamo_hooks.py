@@ -3,24 +3,36 @@ the user's code, at a user class's construction and at a call of a torch.compile
 VariableTracker of a msgspec.Struct modelled as a plain container.
 
 Patches here (each installed once, marked with a `_syncfree_*` attribute; each dated: the torch versions it was
-checked on, what would remove it):
-  * on_captured_item wraps torch._dynamo.variables.tensor.TensorVariable.call_method. Checked on torch 2.11.0,
-    2.13.0, 2.14.1 (2026-12-04). Removed when Dynamo offers a hook at unbacked-symbol creation with the FX node.
-  * on_data_dependent_guard wraps SymNodeVariable.evaluate_expr. Checked on 2.11.0, 2.13.0, 2.14.1
-    (2026-12-04). Removed when Dynamo lets a backend give an unbacked symbol's range before tracing.
+checked on, what would remove it). "Checked" means tests/test_hook_versions.py, tests/test_compat.py and
+tests/test_tracing.py passed on that torch (PyPI's builds for 2.11.0, 2.12.1, 2.14.1, 2.15.0; the CPU build of
+2.13.0), 2026-12-04:
+  * on_captured_item wraps torch._dynamo.variables.tensor.TensorVariable.call_method. Checked on 2.11.0, 2.12.1,
+    2.13.0, 2.14.1, 2.15.0. Removed when Dynamo offers a hook at unbacked-symbol creation with the FX node.
+  * on_data_dependent_guard wraps SymNodeVariable.evaluate_expr. Checked on 2.11.0, 2.12.1, 2.13.0, 2.14.1,
+    2.15.0. Removed when Dynamo lets a backend give an unbacked symbol's range before tracing.
   * on_user_class_call wraps UserDefinedClassVariable.call_function; on_disabled_call wraps
-    SkipFunctionVariable.call_function. Checked on 2.11.0, 2.13.0, 2.14.1 (2026-12-04). Removed when Dynamo
+    SkipFunctionVariable.call_function. Checked on 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0. Removed when Dynamo
     traces msgspec.Struct construction and lets a backend trace a torch.compiler.disable()d call as an op.
+  * break_where_dynamo_cannot_allocate: the same class-call wrapper, installed at `import compile_pass` on 2.11
+    and 2.12 only, turns Dynamo's failure to allocate an extension type (TypeError "object.__new__(X) is not
+    safe", raised as InternalTorchDynamoError: the compile failed, with any backend) into the graph break 2.13
+    makes there itself (ALLOCATION_BREAK). Checked on 2.11.0 and 2.12.1 (the failure, and the break instead) and
+    2.13.0, 2.14.1, 2.15.0 (Dynamo breaks by itself; not installed early). Removed with torch 2.12.
   * StructVariable (a VariableTracker subclass, not a patch) answers attribute reads through var_getattr (Dynamo
-    up to 2.13) and tp_getattro_impl (2.14 on); every other per-type method of this torch's VariableTracker
-    (truth, comparison, hashing, iteration, operators: 2.13's bool_impl / richcompare_impl, 2.14's nb_bool_impl /
-    tp_richcompare_impl, ...) breaks the graph on it (default deny). Where VariableTracker has neither attribute
-    reader, struct_model_unfit() turns the model off (a Struct breaks where it is built). Checked on 2.13.0 and
-    2.14.1 (2026-12-04); 2.11, 2.12 and 2.15 not installed here.
+    up to 2.13) and tp_getattro_impl (2.14 on), and binds a method as this torch builds a UserMethodVariable
+    (the function and the object up to 2.14; the function's VariableTracker and the object from 2.15:
+    _method_layout); every other per-type method of this torch's VariableTracker (truth, comparison, hashing,
+    iteration, operators: 2.13's bool_impl / richcompare_impl, 2.14's nb_bool_impl / tp_richcompare_impl, ...)
+    breaks the graph on it (default deny). Truth of a Struct with no __bool__ / __len__ is True in one graph
+    from 2.13 on (Dynamo reads it from the class); on 2.11 and 2.12 Dynamo asks the VariableTracker
+    (unpack_var_sequence), denied: the graph breaks there. Where VariableTracker has neither attribute reader, or
+    UserMethodVariable takes neither layout, struct_model_unfit() turns the model off (a Struct breaks where it
+    is built, and the break says why). Checked on 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0: the model fits on each.
   * on_frame_compile wraps torch._dynamo.convert_frame.ConvertFrameAssert.__call__ (issue 43: what a call of
     compile_pass.compile gives Dynamo is entered where Dynamo compiles a frame, not around every call). Checked on
-    torch 2.13.0 and 2.14.1 (2026-12-04). Removed when Dynamo offers a per-compile context hook to a backend.
-The tests in tests/test_compat.py fail when a hook stops seeing what it models.
+    2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0. Removed when Dynamo offers a per-compile context hook to a backend.
+tests/test_hook_versions.py has a test per hook that fails when the hook stops seeing what it models on the
+installed torch (CI: 2.13; `make test-versions`: 2.11 and 2.15); tests/test_compat.py tests each function alone.
 """
 
 from __future__ import annotations
@@ -208,18 +220,58 @@ def on_user_class_call(hook) -> bool:
     """Call `hook(tx, cls, args, kwargs)` where Dynamo traces a call of a user-defined class `cls` (construction);
     `args`/`kwargs` are Dynamo's VariableTrackers. It returns a VariableTracker for the new object, or None
     (Dynamo goes on as it would). Installed once, around UserDefinedClassVariable.call_function; returns False
-    (nothing installed: Dynamo breaks there as without it) on a torch without that class."""
+    (nothing installed: Dynamo breaks there as without it) on a torch without that class. The same wrapper breaks
+    the graph where Dynamo cannot allocate the instance (break_where_dynamo_cannot_allocate)."""
     return _hook_call_function("torch._dynamo.variables.user_defined", "UserDefinedClassVariable",
                                "_syncfree_class_hook", _CLASS_CALL_HOOKS, hook,
                                lambda variable: variable.value if isinstance(getattr(variable, "value", None), type)
-                               else None)
+                               else None, rescue=_unallocatable)
 
 
-def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, target_of) -> bool:
-    """Add `hook` to `hooks` and wrap Dynamo's `module.name.call_function` (a VariableTracker class) once: where
-    `target_of(variable)` names a target (not None), each of `hooks` sees `(tx, target, args, kwargs)` and may
-    return the call's VariableTracker; else, or when every hook returns None, Dynamo's own call_function runs.
-    False (nothing installed) on a torch without that class."""
+# torch 2.11 and 2.12: where Dynamo inlines the construction of a class whose instances object.__new__ cannot
+# allocate (an extension type: a msgspec.Struct), it calls object.__new__(cls) for its side-effect replay and the
+# TypeError ("object.__new__(X) is not safe") escapes as InternalTorchDynamoError: the compile fails, with any
+# backend. torch 2.13 breaks the graph there instead ("Unsupported object.__new__ user-defined class
+# construction"). The class-call wrapper makes 2.11 and 2.12 do what 2.13 does.
+ALLOCATION_BREAK = "Unsupported object.__new__ user-defined class construction"
+_ALLOCATION_FIXED_IN = (2, 13)  # Dynamo breaks there itself from this torch on: the wrapper is not installed early
+
+
+def _unallocatable(cls, error):
+    """(break type, explanation) where `error`, raised while Dynamo traced the construction of `cls`, is Dynamo's
+    failure to allocate it with object.__new__; else None (the error is not that one: it propagates)."""
+    if not isinstance(error, TypeError) or "object.__new__" not in str(error):
+        return None
+    try:
+        object.__new__(cls)
+    except TypeError as e:
+        return ALLOCATION_BREAK, (f"Dynamo could not construct an example {cls.__qualname__} for its side-effect "
+                                  f"replay using object.__new__ ({e}); the construction runs in Python")
+    return None
+
+
+def break_where_dynamo_cannot_allocate() -> bool:
+    """On torch 2.11 and 2.12, install the class-call wrapper now (before any compile_pass.compile call) so that a
+    class Dynamo cannot allocate breaks the graph, as from 2.13 on, instead of failing the compile, in every
+    compile of the process (torch.compile(backend="syncfree") alone included). True where installed; False (a
+    no-op) on a torch that breaks there by itself."""
+    if _torch_version() >= _ALLOCATION_FIXED_IN:
+        return False
+    return on_user_class_call(None)
+
+
+def _torch_version() -> tuple[int, int]:
+    import re
+
+    return tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])  # type: ignore[return-value]
+
+
+def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, target_of, rescue=None) -> bool:
+    """Add `hook` (unless None) to `hooks` and wrap Dynamo's `module.name.call_function` (a VariableTracker class)
+    once: where `target_of(variable)` names a target (not None), each of `hooks` sees `(tx, target, args, kwargs)`
+    and may return the call's VariableTracker; else, or when every hook returns None, Dynamo's own call_function
+    runs, and where it raises, `rescue(target, error)` may name the graph break to make instead. False (nothing
+    installed) on a torch without that class."""
     import importlib
 
     try:
@@ -228,7 +280,7 @@ def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, 
         owner = None
     if owner is None:  # pragma: no cover - every supported torch has both classes
         return False
-    if hook not in hooks:
+    if hook is not None and hook not in hooks:
         hooks.append(hook)
     if getattr(owner.call_function, marker, False):
         return True
@@ -241,7 +293,15 @@ def _hook_call_function(module: str, name: str, marker: str, hooks: list, hook, 
                 made = each(tx, target, list(args), dict(kwargs))
                 if made is not None:
                     return made
-        return original(self, tx, args, kwargs)
+        if rescue is None or target is None:
+            return original(self, tx, args, kwargs)
+        try:
+            return original(self, tx, args, kwargs)
+        except Exception as error:  # noqa: BLE001  (rescue names the one error it turns into a break)
+            instead = rescue(target, error)
+            if instead is None:
+                raise
+        unsupported(*instead)
 
     setattr(call_function, marker, True)
     owner.call_function = call_function
@@ -354,7 +414,34 @@ def struct_model_unfit() -> str | None:
     if not any(isinstance(vars(VariableTracker).get(name), types.FunctionType) for name in _ATTRIBUTE_READERS):
         return (f"this torch's Dynamo ({torch.__version__}) reads attributes through none of "
                 f"{', '.join(_ATTRIBUTE_READERS)}: the Struct model would not see field reads, so it is off")
+    if _method_layout() is None:
+        return (f"this torch's Dynamo ({torch.__version__}) builds a bound method (UserMethodVariable) from neither "
+                "(fn, obj) nor (im_func, im_self): the Struct model could not bind its methods, so it is off")
     return None
+
+
+def _method_layout() -> str | None:
+    """How this torch's UserMethodVariable is built: "fn" (2.11-2.14: the function and the object), "im_func"
+    (2.15: the function's VariableTracker and the object), or None (neither: the model is off)."""
+    import inspect
+
+    from torch._dynamo.variables.functions import UserMethodVariable
+
+    try:
+        names = list(inspect.signature(UserMethodVariable.__init__).parameters)[1:3]
+    except (TypeError, ValueError):  # pragma: no cover
+        return None
+    return {("fn", "obj"): "fn", ("im_func", "im_self"): "im_func"}.get(tuple(names))
+
+
+def _method_variable(fn, obj):
+    """The VariableTracker of `fn` bound to `obj` (a plain function of the Struct's class), as this torch builds
+    one."""
+    from torch._dynamo.variables.functions import UserFunctionVariable, UserMethodVariable
+
+    if _method_layout() == "im_func":
+        return UserMethodVariable(UserFunctionVariable(fn), obj)
+    return UserMethodVariable(fn, obj)
 
 
 def struct_variable(cls, fields: dict):
@@ -425,7 +512,7 @@ def _make_struct_variable_class():
                 return self.fields[name]
             static = class_attribute(self.cls, name)
             if type(static) is types.FunctionType:
-                return UserMethodVariable(static, self)
+                return _method_variable(static, self)
             if type(static) is property and type(static.fget) is types.FunctionType:
                 return UserFunctionVariable(static.fget).call_function(tx, [self], {})
             unsupported("syncfree: msgspec.Struct attribute",

@@ -2,9 +2,9 @@
 
 Patches here (each dated: the torch versions it was checked on, what would remove it):
   * region_schema_cache: replaces torch._higher_order_ops.invoke_subgraph.HopInstance while the backend's
-    compile_fx runs. Checked on torch 2.11.0, 2.13.0, 2.14.1 (2026-12-04). Installed only where torch does not
-    cache the schema itself (InvokeSubgraphCache.get_functionalize_schema_entry); removed when the lowest
-    supported torch has that method.
+    compile_fx runs. Checked on torch 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0 (2026-12-04: tests/test_compat.py's
+    region tests). Installed only where torch does not cache the schema itself
+    (InvokeSubgraphCache.get_functionalize_schema_entry); removed when the lowest supported torch has that method.
 """
 
 from __future__ import annotations
