@@ -14,6 +14,7 @@ import struct
 import torch
 
 from . import _compat
+from .proof import declare_reasons
 
 
 # -- constructs that break the trace before any max: the one change that makes the line traceable -----------
@@ -21,6 +22,10 @@ from . import _compat
 # custom op needs its mutated arguments declared), and an extension type's constructor is native code. The
 # report says, at the line Dynamo broke, what the user changes.
 TRACEABILITY_FIXES = (
+    ("; struct_model_unfit)",  # before the refusals below: the class is fine, this torch's Dynamo is not
+     "the msgspec.Struct model is off on this torch (struct_model_unfit: its Dynamo reads attributes or binds "
+     "methods in a way the model does not answer); to make this line traceable: define the class as a dataclass "
+     "or NamedTuple with the same fields, or use a torch the model was checked on (README, Supported versions)"),
     ("syncfree: msgspec.Struct not modelled",
      "to make this line traceable: build the object without running code at construction or attribute access "
      "(no __post_init__, no default_factory for a field left out, msgspec's own metaclass, no __getattribute__ / "
@@ -157,6 +162,23 @@ def _is_plain_default(value) -> bool:
 
 STRUCT_REFUSED = "syncfree: msgspec.Struct not modelled"
 
+# Why a trace-time model is off on the installed torch (it turns itself off there: Dynamo breaks where it would
+# without the backend). The break's first line, which the report's note quotes, ends with the code: `break_code`
+# reads it back. tests/test_hook_versions.py asserts each.
+TRACE_TIME_REASONS = declare_reasons("traceable", {
+    "struct_model_unfit": "the msgspec.Struct model does not fit this torch's Dynamo (it reads attributes or binds "
+                          "methods through what the model does not answer: _compat.struct_model_unfit): a Struct "
+                          "breaks the graph where it is built",
+})
+
+
+def break_code(reason: str) -> str | None:
+    """The trace-time reason code that a graph break's text (or the report's note quoting it) carries in its first
+    line (`(Geometry; struct_model_unfit)`), or None."""
+    lines = reason.strip().splitlines()
+    first = lines[0] if lines else ""
+    return next((code for code in TRACE_TIME_REASONS if f"; {code})" in first), None)
+
 # torch 2.11 and 2.12 fail the compile where Dynamo builds a msgspec.Struct by itself (outside compile_pass.compile:
 # `torch.compile(backend="syncfree")` alone), with any backend; 2.13 on break the graph there. From
 # `import compile_pass` on, those two break the graph as 2.13 does (a no-op on 2.13 on; tests/test_hook_versions.py).
@@ -169,13 +191,15 @@ def on_class_call(tx, cls, args, kwargs):
         why = struct_refusal(cls)
     except LookupError:
         return None
-    fields = None
+    fields, code = None, ""
     if why is None:
         why = _compat.struct_model_unfit()
+        code = "; struct_model_unfit" if why is not None else ""
     if why is None:
         fields, why = _struct_fields(cls, args, kwargs)
     if why is not None:
-        _compat.unsupported(f"{STRUCT_REFUSED} ({cls.__qualname__})", f"{cls.__qualname__} cannot be traced as a plain container: {why}")
+        _compat.unsupported(f"{STRUCT_REFUSED} ({cls.__qualname__}{code})",
+                            f"{cls.__qualname__} cannot be traced as a plain container: {why}")
     try:
         return _compat.struct_variable(cls, fields)
     except (ImportError, AttributeError):  # a torch whose Dynamo lacks what the model needs: break as before

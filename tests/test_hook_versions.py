@@ -267,3 +267,25 @@ def test_no_guard_profiling_replaces_the_function_dynamo_calls_and_restores_it()
             assert guards.profile_guard_manager is not original
             torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
     assert getattr(guards, "profile_guard_manager", None) is original
+
+
+@needs_msgspec
+@pytest.mark.parametrize("unfit", ["attribute_reader", "method_layout"])
+def test_where_the_struct_model_does_not_fit_it_turns_itself_off_with_its_reason_code(monkeypatch, unfit):
+    """As on a torch whose Dynamo reads attributes through a method the model does not answer, or builds a bound
+    method in another layout: the model is off, the Struct breaks the graph where it is built, the report's note
+    carries the reason code and the one change, and the values are eager's."""
+    from compile_pass._compat import dynamo_hooks
+
+    if unfit == "attribute_reader":
+        monkeypatch.setattr(dynamo_hooks, "_ATTRIBUTE_READERS", ("no_such_reader",))
+    else:
+        monkeypatch.setattr(dynamo_hooks, "_method_layout", lambda: None)
+    assert _compat.struct_model_unfit() is not None
+    step, breaks = _compiled(_struct_step)
+    torch.testing.assert_close(step(torch.ones(2), 3), _struct_step(torch.ones(2), 3))
+    assert any(traceable.STRUCT_REFUSED in b for b in breaks()), breaks()
+    notes = [n for r in compile_pass.reports(step) for n in r.notes if traceable.STRUCT_REFUSED in n]
+    codes = [traceable.break_code(n) for n in notes]
+    assert "struct_model_unfit" in codes, notes
+    assert all("the msgspec.Struct model is off on this torch" in n for n in notes), notes
