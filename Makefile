@@ -68,6 +68,24 @@ FAST_SKIP := --ignore=tests/test_generated_programs.py --ignore=tests/sglang --i
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) $(FAST_SKIP) tests
 
+# Not what CI runs (CI: `make test` on torch 2.13, which holds these suites; this target downloads PyPI's CUDA builds
+# of torch, about 3 GB a version): the trace-time hooks patch Dynamo's private classes, so their suites, SGLang's
+# backends and the kernels under the Triton interpreter run on the lowest and highest supported torch as well, each
+# in its own venv (`make install sglang-deps TORCH=X` when missing). README, "Supported versions", gives its time.
+# Where pip's configuration caps torch (a constraints file), run it with PIP_CONFIG_FILE=/dev/null.
+TEST_VERSIONS ?= 2.11.0 2.15.0
+VERSION_SUITES := tests/test_hook_versions.py tests/test_compat.py tests/test_tracing.py tests/relations \
+	tests/suites/test_trace_time_programs.py tests/suites/test_trace_time_constructs.py tests/sglang \
+	tests/kernels/test_triton_interpreter.py
+.PHONY: test-versions
+test-versions:
+	@for v in $(TEST_VERSIONS); do \
+	  $(MAKE) --no-print-directory sglang-deps TORCH=$$v || exit 1; \
+	  echo "==> torch $$v: hooks, trace-time suites, SGLang's backends, kernels under the interpreter"; \
+	  .venv-torch$$v/bin/python -m pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) \
+	    $(VERSION_SUITES) || exit 1; \
+	done
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/syncfree-inspect --example decode --out syncfree-inspect-out
 
