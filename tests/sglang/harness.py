@@ -45,6 +45,82 @@ LAYERS = 2
 _SETUP = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """An engine's sizes. `max_context` is model_config.context_len: SGLang's max_context_len, the static bound
+    handed to the pass. `max_requests` is the token table's rows (the largest batch). `pool_tokens`: None (every
+    request owns a whole row's pages, max_context tokens each, in a pool of (max_requests + 1) * max_context
+    tokens: the suite's default), or the KV pool's size in tokens, each request then owning only the pages its
+    length needs (`make_batch` raises where a batch needs more): what keeps realistic bounds cheap, with the
+    attention dimensions small (`Sizes.realistic`). DEFAULT is the suite's 256-token engine."""
+
+    max_context: int = MAX_CONTEXT
+    max_requests: int = MAX_REQUESTS
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = HEAD_DIM
+    hidden: int = HIDDEN
+    layers: int = LAYERS
+    pool_tokens: int | None = None
+
+    @classmethod
+    def realistic(cls, max_context: int, max_requests: int = 64, pool_tokens: int | None = None, **kw):
+        """A bound such as 131072, cheap on CPU: one KV head of dimension 4, one layer, and a KV pool of
+        `pool_tokens` (default: four rows at the bound) shared by up to `max_requests` requests, each owning only
+        the pages its length needs."""
+        kw = dict(heads=2, kv_heads=1, head_dim=4, hidden=8, layers=1) | kw
+        return cls(max_context=max_context, max_requests=max_requests, pool_tokens=pool_tokens or 4 * max_context,
+                   **kw)
+
+    @property
+    def kv_pool_size(self) -> int:
+        if self.pool_tokens is None:
+            return (self.max_requests + 1) * self.max_context
+        return self.pool_tokens
+
+
+DEFAULT = Sizes()
+ROOM = 8  # tokens a row may write past its length in one step (the most draft tokens of any path: dflash's 8)
+
+
+def fill_token_table(req_to_token, lengths, page_size: int, sizes: Sizes, rng: random.Random):
+    """Writes the token table's rows for one batch into SGLang's `req_to_token` (in place) and returns (the table
+    on the CPU, the batch's request rows). Each request owns whole pages scattered through the pool (page ids differ
+    from request order); page 0 holds slot 0, SGLang's padding slot. With `sizes.pool_tokens` None, every request
+    row is rebuilt, max_context tokens of pages each (the suite's default, unchanged); else each request of the
+    batch gets the pages of min(length + ROOM, max_context) tokens, distinct across the batch; its other columns
+    keep what an earlier batch wrote there (never read: kernels read a row up to its length)."""
+    ps, batch = page_size, len(lengths)
+    if sizes.pool_tokens is None:
+        pages_per_req = sizes.max_context // ps
+        total_pages = (sizes.max_requests + 1) * sizes.max_context // ps
+        page_ids = list(range(1, total_pages))
+        rng.shuffle(page_ids)
+        r2t = torch.zeros(req_to_token.shape, dtype=req_to_token.dtype)  # built on the CPU, copied below
+        rows = rng.sample(range(1, sizes.max_requests + 1), batch)
+        for n, r in enumerate(rows):
+            mine = torch.tensor(page_ids[n * pages_per_req:(n + 1) * pages_per_req], dtype=torch.int64)
+            t = torch.arange(sizes.max_context)
+            r2t[r] = (mine[t // ps] * ps + t % ps).to(torch.int32)
+        req_to_token.copy_(r2t)
+        return r2t, rows
+    if req_to_token.device.type != "cpu":
+        raise NotImplementedError("a compact pool (Sizes.pool_tokens) is built on CPU engines only")
+    need = [-(-min(max(int(x), 0) + ROOM, sizes.max_context) // ps) for x in lengths]
+    total_pages = sizes.pool_tokens // ps
+    if sum(need) > total_pages - 1:
+        raise ValueError(f"lengths {list(lengths)} need {sum(need)} pages of {ps}; the pool has {total_pages - 1}")
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 31))
+    page_ids = torch.randperm(total_pages - 1, generator=gen)[:sum(need)] + 1
+    rows = rng.sample(range(1, sizes.max_requests + 1), batch)
+    start = 0
+    for r, n in zip(rows, need):  # past its pages a row keeps what earlier batches left there, as SGLang's does
+        t = torch.arange(n * ps)
+        req_to_token[r, :n * ps] = (page_ids[start:start + n][t // ps] * ps + t % ps).to(req_to_token.dtype)
+        start += n
+    return req_to_token, rows
+
+
 def sglang_available() -> str | None:
     """None when SGLang 0.5.23 is importable, else why not (the tests skip with it)."""
     try:
@@ -123,28 +199,28 @@ def install_server_args(**fields):
 class TinyModelConfig:
     """What FlashAttentionBackend.__init__ reads from model_runner.model_config."""
 
-    def __init__(self, arch):
+    def __init__(self, arch, sizes: Sizes = DEFAULT):
         self.attention_arch = arch
-        self.context_len = MAX_CONTEXT
-        self.hidden_size = HIDDEN
-        self.num_attention_heads = HEADS
-        self.num_key_value_heads = KV_HEADS
-        self.head_dim = HEAD_DIM
-        self.v_head_dim = HEAD_DIM
+        self.context_len = sizes.max_context
+        self.hidden_size = sizes.hidden
+        self.num_attention_heads = sizes.heads
+        self.num_key_value_heads = sizes.kv_heads
+        self.head_dim = sizes.head_dim
+        self.v_head_dim = sizes.head_dim
         self.is_encoder_decoder = False
         self.is_local_attention_model = False
         self.attention_chunk_size = None
-        self.hf_text_config = SimpleNamespace(num_attention_heads=HEADS, num_key_value_heads=KV_HEADS)
+        self.hf_text_config = SimpleNamespace(num_attention_heads=sizes.heads, num_key_value_heads=sizes.kv_heads)
         self.hf_config = self.hf_text_config
 
     def get_num_kv_heads(self, tp_size: int, dcp_size: int = 1) -> int:
-        return KV_HEADS // max(1, tp_size // dcp_size)
+        return self.num_key_value_heads // max(1, tp_size // dcp_size)
 
 
 class FakeModelRunner:
     """The attributes FlashAttentionBackend reads; the pools are SGLang's own (ReqToTokenPool, MHATokenToKVPool)."""
 
-    def __init__(self, page_size: int, is_draft_worker: bool = False, device: str = "cpu"):
+    def __init__(self, page_size: int, is_draft_worker: bool = False, device: str = "cpu", sizes: Sizes = DEFAULT):
         m = setup()
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
@@ -152,16 +228,16 @@ class FakeModelRunner:
         self.page_size = page_size
         self.dtype = self.kv_cache_dtype = torch.float32
         self.kv_cache_dtype_str = "auto"
-        self.model_config = TinyModelConfig(m.AttentionArch.MHA)
+        self.model_config = TinyModelConfig(m.AttentionArch.MHA, sizes)
         self.sliding_window_size = None
         self.attention_chunk_size = None
         self.is_draft_worker = is_draft_worker
-        self.req_to_token_pool = m.ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device=device,
-                                                  enable_memory_saver=False)
+        self.req_to_token_pool = m.ReqToTokenPool(size=sizes.max_requests, max_context_len=sizes.max_context,
+                                                  device=device, enable_memory_saver=False)
         self.token_to_kv_pool = m.MHATokenToKVPool(
-            size=(MAX_REQUESTS + 1) * MAX_CONTEXT + page_size, page_size=page_size, dtype=torch.float32,
-            head_num=KV_HEADS, head_dim=HEAD_DIM, layer_num=LAYERS, device=device, enable_memory_saver=False,
-            enable_alt_stream=False)
+            size=sizes.kv_pool_size + page_size, page_size=page_size, dtype=torch.float32,
+            head_num=sizes.kv_heads, head_dim=sizes.head_dim, layer_num=sizes.layers, device=device,
+            enable_memory_saver=False, enable_alt_stream=False)
         self.token_to_kv_pool_allocator = SimpleNamespace(page_size=page_size,
                                                           get_kvcache=lambda: self.token_to_kv_pool)
         self.kv_index_translator = KVIndexTranslator(
@@ -189,32 +265,39 @@ class Path:
 
 
 class Engine:
-    """One FlashAttentionBackend over SGLang's pools, 2 layers of q/k/v/o projections, and the compiled step."""
+    """One FlashAttentionBackend over SGLang's pools, 2 layers of q/k/v/o projections, and the compiled step.
+    `sizes`: the bound (max_context_len), the pools and the attention shapes (Sizes; DEFAULT: the suite's 256)."""
 
-    def __init__(self, path: Path, seed: int = 0, device: str = "cpu"):
+    def __init__(self, path: Path, seed: int = 0, device: str = "cpu", sizes: Sizes = DEFAULT):
         m = self.m = setup(device)
         self.path = path
         self.device = device
+        self.sizes = z = sizes
         install_server_args(**path.spec)
         is_draft = path.mode in ("draft_decode", "draft_extend")
-        self.runner = FakeModelRunner(path.page_size, is_draft_worker=is_draft, device=device)
+        self.runner = FakeModelRunner(path.page_size, is_draft_worker=is_draft, device=device, sizes=sizes)
         kwargs = {}
         if path.mode == "draft_decode":
             kwargs = dict(speculative_step_id=path.step_id, speculative_num_steps=path.num_steps)
         self.backend = m.fab.FlashAttentionBackend(self.runner, **kwargs)
         gen = torch.Generator().manual_seed(1000 + seed)
-        self.layers = [m.RadixAttention(num_heads=HEADS, head_dim=HEAD_DIM, scaling=HEAD_DIM ** -0.5,
-                                        num_kv_heads=KV_HEADS, layer_id=i) for i in range(LAYERS)]
-        self.w = [{n: torch.randn(HIDDEN, o, generator=gen) / HIDDEN ** 0.5
-                   for n, o in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM))}
-                  | {"o": torch.randn(HEADS * HEAD_DIM, HIDDEN, generator=gen) / HIDDEN ** 0.5}
-                  for _ in range(LAYERS)]
+        self.layers = [m.RadixAttention(num_heads=z.heads, head_dim=z.head_dim, scaling=z.head_dim ** -0.5,
+                                        num_kv_heads=z.kv_heads, layer_id=i) for i in range(z.layers)]
+        self.w = [{n: torch.randn(z.hidden, o, generator=gen) / z.hidden ** 0.5
+                   for n, o in (("q", z.heads * z.head_dim), ("k", z.kv_heads * z.head_dim),
+                                ("v", z.kv_heads * z.head_dim))}
+                  | {"o": torch.randn(z.heads * z.head_dim, z.hidden, generator=gen) / z.hidden ** 0.5}
+                  for _ in range(z.layers)]
         self.w = [{n: t.to(device) for n, t in w.items()} for w in self.w]
         self._fill_pool(gen)
 
+    @property
+    def max_context(self) -> int:
+        return self.sizes.max_context
+
     def _fill_pool(self, gen):
         pool = self.runner.token_to_kv_pool
-        for i in range(LAYERS):
+        for i in range(self.sizes.layers):
             k, v = pool.get_kv_buffer(i)
             k.copy_(torch.randn(k.shape, generator=gen))  # drawn on the CPU, the same values on any device
             v.copy_(torch.randn(v.shape, generator=gen))
@@ -228,8 +311,8 @@ class Engine:
         for layer, w in zip(self.layers, self.w):
             # as RadixAttention.forward hands them over: q [T, H*D], k/v [T, Hk, D]
             q = h @ w["q"]
-            k = (h @ w["k"]).view(-1, KV_HEADS, HEAD_DIM)
-            v = (h @ w["v"]).view(-1, KV_HEADS, HEAD_DIM)
+            k = (h @ w["k"]).view(-1, self.sizes.kv_heads, self.sizes.head_dim)
+            v = (h @ w["v"]).view(-1, self.sizes.kv_heads, self.sizes.head_dim)
             if extend:
                 o = backend.forward_extend(q, k, v, layer, fb)
             else:
@@ -245,19 +328,9 @@ class Engine:
         rng = random.Random(seed)
         batch = len(lengths)
         q_per_req = path.queries
-        # Each request owns whole pages scattered through the pool (page ids differ from request order).
-        pages_per_req = MAX_CONTEXT // ps
-        total_pages = (MAX_REQUESTS + 1) * MAX_CONTEXT // ps
-        page_ids = list(range(1, total_pages))  # page 0 holds slot 0, SGLang's padding slot
-        rng.shuffle(page_ids)
         dev = self.device
         r2t_dev = self.runner.req_to_token_pool.req_to_token
-        r2t = torch.zeros(r2t_dev.shape, dtype=r2t_dev.dtype)  # built on the CPU, copied to the pool below
-        rows = rng.sample(range(1, MAX_REQUESTS + 1), batch)
-        for n, r in enumerate(rows):
-            mine = torch.tensor(page_ids[n * pages_per_req:(n + 1) * pages_per_req], dtype=torch.int64)
-            t = torch.arange(MAX_CONTEXT)
-            r2t[r] = (mine[t // ps] * ps + t % ps).to(torch.int32)
+        r2t, rows = fill_token_table(r2t_dev, lengths, ps, self.sizes, rng)
         rpi = torch.tensor(rows, dtype=torch.int64)
         seq = torch.tensor(lengths, dtype=torch.int64)
         mode = path.mode
@@ -287,7 +360,6 @@ class Engine:
             positions = pos.reshape(-1)
             out_loc = r2t[rpi.repeat_interleave(q_per_req), positions].to(torch.int64)
             tokens = batch * q_per_req
-        r2t_dev.copy_(r2t)
         fb = m.ForwardBatch(
             forward_mode=fm, batch_size=batch, input_ids=torch.zeros(tokens, dtype=torch.int64, device=dev),
             req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), out_cache_loc=out_loc.to(dev),
@@ -302,7 +374,7 @@ class Engine:
             fb.extend_prefix_lens_cpu = [int(x) - q_per_req for x in lengths]
             fb.extend_num_tokens = tokens
         gen = torch.Generator().manual_seed(seed)
-        hidden = torch.randn(tokens, HIDDEN, generator=gen).to(dev)
+        hidden = torch.randn(tokens, self.sizes.hidden, generator=gen).to(dev)
         return fb, hidden
 
     def _spec_info(self, fb, batch, verify):
@@ -319,14 +391,21 @@ class Engine:
         return SimpleNamespace(ragged_verify_layout=None)
 
 
-def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0):
-    """Length vectors over changing batch sizes; the first row of the first vector sits at the bound."""
-    from passlib import length_vectors as vectors
-
+def length_range(path: Path, max_context: int = MAX_CONTEXT) -> tuple[int, int]:
+    """[low, top]: the committed lengths a step of this path takes at this bound (the rows the step writes past
+    its length stay within the token table's max_context columns; a draft extend's lengths count its tokens)."""
     extra = path.queries if path.mode in ("target_verify", "dflash_verify", "ragged_verify") else 0
     extra = max(extra, path.step_id + 1 if path.mode == "draft_decode" else 0)
     low = path.queries if path.mode == "draft_extend" else 1
-    return vectors(batches, count, seed, MAX_CONTEXT - extra, low=low, edge=False, top_first=True)
+    return low, max_context - extra
+
+
+def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0, max_context: int = MAX_CONTEXT):
+    """Length vectors over changing batch sizes; the first row of the first vector sits at the bound."""
+    from passlib import length_vectors as vectors
+
+    low, top = length_range(path, max_context)
+    return vectors(batches, count, seed, top, low=low, edge=False, top_first=True)
 
 
 # ------------------------------------------------------------------------------------------ running a path
@@ -363,18 +442,18 @@ def classify(reports) -> tuple[str, list]:
     return ("rewritten" if merged.rewritten else "nothing"), reasons
 
 
-def run_path(path: Path, vectors: int = 3, seed: int = 0, **compile_kw) -> Outcome:
+def run_path(path: Path, vectors: int = 3, seed: int = 0, sizes: Sizes = DEFAULT, **compile_kw) -> Outcome:
     """Compile Engine.step through compile_pass.compile, run it over changing lengths and batch sizes, compare
     each result with the same step run eagerly on an identical batch (same pools, same inputs)."""
     import compile_pass
 
-    engine = Engine(path, seed=seed)
+    engine = Engine(path, seed=seed, sizes=sizes)
     from torch._dynamo.utils import counters
 
     before = dict(counters["graph_break"])
-    step = compile_pass.compile(engine.step, max_context_len=MAX_CONTEXT, **path.options, **compile_kw)
+    step = compile_pass.compile(engine.step, max_context_len=sizes.max_context, **path.options, **compile_kw)
     errors = []
-    for n, lengths in enumerate(length_vectors(path, vectors, seed=seed)):
+    for n, lengths in enumerate(length_vectors(path, vectors, seed=seed, max_context=sizes.max_context)):
         fb, hidden = engine.make_batch(lengths, seed=n)
         want = engine.step(fb, hidden)
         fb, hidden = engine.make_batch(lengths, seed=n)

@@ -65,6 +65,28 @@ MLA_HEAD_DIM = KV_LORA_RANK + QK_ROPE
 MLA_PAGE = 64  # FlashMLA's PAGE_SIZE; TRTLLM-MLA pages of 64 too
 FLASHMLA_SM_PARTS = 132
 
+
+@dataclasses.dataclass(frozen=True)
+class Sizes(H.Sizes):
+    """harness.Sizes (the bound, the pools, the MHA shapes: Triton's) and the MLA shapes."""
+
+    kv_lora_rank: int = KV_LORA_RANK
+    qk_rope: int = QK_ROPE
+    qk_nope: int = QK_NOPE
+    mla_heads: int = MLA_HEADS
+
+    @classmethod
+    def realistic(cls, max_context: int, max_requests: int = 64, pool_tokens: int | None = None, **kw):
+        kw = dict(kv_lora_rank=8, qk_rope=4, qk_nope=4, mla_heads=2) | kw
+        return super().realistic(max_context, max_requests, pool_tokens, **kw)
+
+    @property
+    def mla_head_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope
+
+
+DEFAULT = Sizes()
+
 _STATE: dict = {}
 
 
@@ -257,20 +279,21 @@ def unregister_launchers():
 class BackendModelConfig:
     """What the three backends' __init__ read from model_runner.model_config."""
 
-    def __init__(self, mla: bool):
+    def __init__(self, mla: bool, sizes: Sizes = DEFAULT):
         from transformers import PretrainedConfig
 
         m = setup()
+        z = sizes
         self.attention_arch = m.AttentionArch.MLA if mla else m.AttentionArch.MHA
-        self.context_len = MAX_CONTEXT
-        self.hidden_size = HIDDEN
-        heads = MLA_HEADS if mla else HEADS
+        self.context_len = z.max_context
+        self.hidden_size = z.hidden
+        heads = z.mla_heads if mla else z.heads
         self.num_attention_heads = heads
-        self.num_key_value_heads = 1 if mla else KV_HEADS
-        self.head_dim = MLA_HEAD_DIM if mla else HEAD_DIM
-        self.v_head_dim = KV_LORA_RANK if mla else HEAD_DIM
+        self.num_key_value_heads = 1 if mla else z.kv_heads
+        self.head_dim = z.mla_head_dim if mla else z.head_dim
+        self.v_head_dim = z.kv_lora_rank if mla else z.head_dim
         self.swa_v_head_dim = None
-        self.kv_lora_rank, self.qk_rope_head_dim, self.qk_nope_head_dim = KV_LORA_RANK, QK_ROPE, QK_NOPE
+        self.kv_lora_rank, self.qk_rope_head_dim, self.qk_nope_head_dim = z.kv_lora_rank, z.qk_rope, z.qk_nope
         self.scaling = self.head_dim ** -0.5
         self.is_encoder_decoder = False
         self.is_local_attention_model = False
@@ -290,7 +313,8 @@ class BackendModelConfig:
 class BackendModelRunner:
     """The attributes the backends read; the pools and the index translator are SGLang's own."""
 
-    def __init__(self, page_size: int, mla: bool, is_draft_worker: bool = False, draft_tokens: int = 0):
+    def __init__(self, page_size: int, mla: bool, is_draft_worker: bool = False, draft_tokens: int = 0,
+                 sizes: Sizes = DEFAULT):
         m = setup()
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -300,24 +324,25 @@ class BackendModelRunner:
         self.page_size = page_size
         self.dtype = self.kv_cache_dtype = torch.float32
         self.kv_cache_dtype_str = "auto"
-        self.model_config = BackendModelConfig(mla)
+        self.model_config = BackendModelConfig(mla, sizes)
         self.sliding_window_size = None
         self.attention_chunk_size = None
         self.is_draft_worker = is_draft_worker
-        self.max_running_requests = MAX_REQUESTS
+        self.max_running_requests = sizes.max_requests
         self.spec_algorithm = SpeculativeAlgorithm.EAGLE if draft_tokens else SpeculativeAlgorithm.NONE
         self._draft_tokens = draft_tokens
-        self.req_to_token_pool = m.ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
-                                                  enable_memory_saver=False)
-        size = (MAX_REQUESTS + 1) * MAX_CONTEXT + page_size
+        self.req_to_token_pool = m.ReqToTokenPool(size=sizes.max_requests, max_context_len=sizes.max_context,
+                                                  device="cpu", enable_memory_saver=False)
+        size = sizes.kv_pool_size + page_size
         if mla:
             self.token_to_kv_pool = m.MLATokenToKVPool(
-                size=size, page_size=page_size, dtype=torch.float32, kv_lora_rank=KV_LORA_RANK,
-                qk_rope_head_dim=QK_ROPE, layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+                size=size, page_size=page_size, dtype=torch.float32, kv_lora_rank=sizes.kv_lora_rank,
+                qk_rope_head_dim=sizes.qk_rope, layer_num=sizes.layers, device="cpu", enable_memory_saver=False)
         else:
             self.token_to_kv_pool = m.MHATokenToKVPool(
-                size=size, page_size=page_size, dtype=torch.float32, head_num=KV_HEADS, head_dim=HEAD_DIM,
-                layer_num=LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+                size=size, page_size=page_size, dtype=torch.float32, head_num=sizes.kv_heads,
+                head_dim=sizes.head_dim, layer_num=sizes.layers, device="cpu", enable_memory_saver=False,
+                enable_alt_stream=False)
         self.token_to_kv_pool_allocator = SimpleNamespace(page_size=page_size,
                                                           get_kvcache=lambda: self.token_to_kv_pool)
         self.kv_index_translator = KVIndexTranslator(
@@ -365,6 +390,7 @@ class Path:
     # (one static graph per batch size, as a CUDA-graph runner captures one graph per batch size)
     dynamic: bool | None = None
     seed: int = 0
+    page: int = 0  # the page size; 0: the backend's default here (MLA 64, Triton 1, the stand-ins' one)
 
     @property
     def mla(self) -> bool:
@@ -372,7 +398,7 @@ class Path:
 
     @property
     def page_size(self) -> int:
-        return MLA_PAGE if self.mla else 1
+        return self.page or (MLA_PAGE if self.mla else 1)
 
 
 EAGLE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3,
@@ -380,16 +406,18 @@ EAGLE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculativ
 
 
 class Engine:
-    """One backend over SGLang's pools, 2 layers of projections around its attention, and the step compiled."""
+    """One backend over SGLang's pools, 2 layers of projections around its attention, and the step compiled.
+    `sizes`: the bound (max_context_len), the pools and the attention shapes (Sizes; DEFAULT: the suite's 256)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, sizes: Sizes = DEFAULT):
         m = self.m = setup()
         self.path = path
+        self.sizes = z = sizes
         spec = EAGLE if path.draft_tokens else {}
         H.install_server_args(attention_backend=path.backend, **spec)
         is_draft = path.mode == "draft_extend"
         self.runner = BackendModelRunner(path.page_size, path.mla, is_draft_worker=is_draft,
-                                         draft_tokens=path.draft_tokens)
+                                         draft_tokens=path.draft_tokens, sizes=sizes)
         if path.backend == "triton":
             self.backend = m.triton_backend.TritonAttnBackend(self.runner)
             if path.kernels in ("custom_op", "custom_op_inplace"):
@@ -406,21 +434,23 @@ class Engine:
             self._cuda_graph_state_on_cpu()
         gen = torch.Generator().manual_seed(1000 + path.seed)
         if path.mla:
-            self.layers = [m.RadixAttention(num_heads=MLA_HEADS, head_dim=MLA_HEAD_DIM, scaling=MLA_HEAD_DIM ** -0.5,
-                                            num_kv_heads=1, layer_id=i, v_head_dim=KV_LORA_RANK)
-                           for i in range(LAYERS)]
-            shapes = (("q", MLA_HEADS * MLA_HEAD_DIM), ("k", MLA_HEAD_DIM), ("o", None))
-            out = MLA_HEADS * KV_LORA_RANK
+            d = z.mla_head_dim
+            self.layers = [m.RadixAttention(num_heads=z.mla_heads, head_dim=d, scaling=d ** -0.5,
+                                            num_kv_heads=1, layer_id=i, v_head_dim=z.kv_lora_rank)
+                           for i in range(z.layers)]
+            shapes = (("q", z.mla_heads * d), ("k", d), ("o", None))
+            out = z.mla_heads * z.kv_lora_rank
         else:
-            self.layers = [m.RadixAttention(num_heads=HEADS, head_dim=HEAD_DIM, scaling=HEAD_DIM ** -0.5,
-                                            num_kv_heads=KV_HEADS, layer_id=i) for i in range(LAYERS)]
-            shapes = (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM), ("o", None))
-            out = HEADS * HEAD_DIM
-        self.w = [{n: (torch.randn(HIDDEN, o, generator=gen) / HIDDEN ** 0.5 if o else
-                       torch.randn(out, HIDDEN, generator=gen) / out ** 0.5) for n, o in shapes}
-                  for _ in range(LAYERS)]
+            self.layers = [m.RadixAttention(num_heads=z.heads, head_dim=z.head_dim, scaling=z.head_dim ** -0.5,
+                                            num_kv_heads=z.kv_heads, layer_id=i) for i in range(z.layers)]
+            shapes = (("q", z.heads * z.head_dim), ("k", z.kv_heads * z.head_dim), ("v", z.kv_heads * z.head_dim),
+                      ("o", None))
+            out = z.heads * z.head_dim
+        self.w = [{n: (torch.randn(z.hidden, o, generator=gen) / z.hidden ** 0.5 if o else
+                       torch.randn(out, z.hidden, generator=gen) / out ** 0.5) for n, o in shapes}
+                  for _ in range(z.layers)]
         pool = self.runner.token_to_kv_pool
-        for i in range(LAYERS):
+        for i in range(z.layers):
             for buf in ((pool.get_key_buffer(i),) if path.mla else pool.get_kv_buffer(i)):
                 buf.copy_(torch.randn(buf.shape, generator=gen))
 
@@ -430,7 +460,7 @@ class Engine:
         b = self.backend
         if self.path.backend != "flashmla":
             raise NotImplementedError("replay paths: FlashMLA only")
-        max_bs = MAX_REQUESTS
+        max_bs = self.sizes.max_requests
         b.cuda_graph_kv_indices = torch.full((max_bs, (b.max_context_len + MLA_PAGE) // MLA_PAGE), 1,
                                              dtype=torch.int32)
         b.cuda_graph_mla_metadata = torch.empty((FLASHMLA_SM_PARTS, 8), dtype=torch.int32)
@@ -458,14 +488,15 @@ class Engine:
         forward = backend.forward_decode if decode else backend.forward_extend
         if self.path.backend == "triton":
             q = h @ w["q"]
-            k = (h @ w["k"]).view(-1, KV_HEADS, HEAD_DIM)
-            v = (h @ w["v"]).view(-1, KV_HEADS, HEAD_DIM)
+            k = (h @ w["k"]).view(-1, self.sizes.kv_heads, self.sizes.head_dim)
+            v = (h @ w["v"]).view(-1, self.sizes.kv_heads, self.sizes.head_dim)
             return forward(q, k, v, layer, fb)
         q = h @ w["q"]  # [T, H * (kv_lora_rank + rope)]: the absorbed query, rope part included
-        latent = (h @ w["k"]).view(-1, 1, MLA_HEAD_DIM)  # the latent KV + its rope part, one KV head
+        rank = self.sizes.kv_lora_rank
+        latent = (h @ w["k"]).view(-1, 1, self.sizes.mla_head_dim)  # the latent KV + its rope part, one KV head
         if self.path.backend == "flashmla":
-            return forward(q, latent, latent[..., :KV_LORA_RANK], layer, fb)
-        k_nope, k_rope = latent[..., :KV_LORA_RANK], latent[..., KV_LORA_RANK:]
+            return forward(q, latent, latent[..., :rank], layer, fb)
+        k_nope, k_rope = latent[..., :rank], latent[..., rank:]
         return forward(q, k_nope, None, layer, fb, k_rope=k_rope)
 
     # -- a batch for one length vector
@@ -475,18 +506,7 @@ class Engine:
         m, path, ps = self.m, self.path, self.path.page_size
         rng = random.Random(seed)
         batch = len(lengths)
-        pages_per_req = MAX_CONTEXT // ps
-        total_pages = (MAX_REQUESTS + 1) * MAX_CONTEXT // ps
-        page_ids = list(range(1, total_pages))  # page 0 holds slot 0, SGLang's padding slot
-        rng.shuffle(page_ids)
-        r2t_dev = self.runner.req_to_token_pool.req_to_token
-        r2t = torch.zeros(r2t_dev.shape, dtype=r2t_dev.dtype)
-        rows = rng.sample(range(1, MAX_REQUESTS + 1), batch)
-        for n, r in enumerate(rows):
-            mine = torch.tensor(page_ids[n * pages_per_req:(n + 1) * pages_per_req], dtype=torch.int64)
-            t = torch.arange(MAX_CONTEXT)
-            r2t[r] = (mine[t // ps] * ps + t % ps).to(torch.int32)
-        r2t_dev.copy_(r2t)
+        r2t, rows = H.fill_token_table(self.runner.req_to_token_pool.req_to_token, lengths, ps, self.sizes, rng)
         rpi = torch.tensor(rows, dtype=torch.int64)
         seq = torch.tensor(lengths, dtype=torch.int64)
         k = path.draft_tokens
@@ -525,29 +545,36 @@ class Engine:
             fb.extend_prefix_lens_cpu = [int(x) - e for x, e in zip(lengths, extend)] if path.host_lists else None
             fb.extend_num_tokens = tokens
         gen = torch.Generator().manual_seed(seed)
-        return fb, torch.randn(tokens, HIDDEN, generator=gen)
+        return fb, torch.randn(tokens, self.sizes.hidden, generator=gen)
 
 
-def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0):
+def length_range(path: Path, max_context: int = MAX_CONTEXT) -> tuple[int, int]:
+    """[low, top]: the committed lengths a step of this path takes at this bound (a verify's draft tokens stay
+    within the token table's max_context columns; a draft extend's lengths count its tokens)."""
+    extra = path.draft_tokens if path.mode == "target_verify" else 0
+    low = path.draft_tokens if path.mode == "draft_extend" else 1
+    return low, max_context - extra
+
+
+def length_vectors(path: Path, count: int, batches=(3, 2, 4, 1), seed: int = 0, max_context: int = MAX_CONTEXT):
     """Length vectors over changing batch sizes; the first row of the first vector sits at the bound."""
     from passlib import length_vectors as vectors
 
-    extra = path.draft_tokens if path.mode == "target_verify" else 0
-    low = path.draft_tokens if path.mode == "draft_extend" else 1
-    return vectors(batches, count, seed, MAX_CONTEXT - extra, low=low, edge=False, top_first=True)
+    low, top = length_range(path, max_context)
+    return vectors(batches, count, seed, top, low=low, edge=False, top_first=True)
 
 
 # ------------------------------------------------------------------------------------------------ running a path
-def compile_step(path: Path, fn):
+def compile_step(path: Path, fn, max_context: int = MAX_CONTEXT):
     """(compiled fn, reports()) for the path: compile_pass.compile (Inductor) or passlib.TracedPassOnly."""
     import compile_pass
 
     if path.inductor:
-        step = compile_pass.compile(fn, max_context_len=MAX_CONTEXT, dynamic=path.dynamic, **path.options)
+        step = compile_pass.compile(fn, max_context_len=max_context, dynamic=path.dynamic, **path.options)
         return step, lambda: list(compile_pass.reports(step))
     from passlib import compile_traced
 
-    run, backend = compile_traced(fn, dynamic=path.dynamic, max_context_len=MAX_CONTEXT, **path.options)
+    run, backend = compile_traced(fn, dynamic=path.dynamic, max_context_len=max_context, **path.options)
     return run, lambda: list(backend.reports)
 
 
@@ -564,19 +591,19 @@ def graph_breaks_since(seen: int) -> list[str]:
     return out
 
 
-def run_path(path: Path, vectors: int = 2) -> H.Outcome:
+def run_path(path: Path, vectors: int = 2, sizes: Sizes = DEFAULT) -> H.Outcome:
     """Compile Engine.step, run it over changing lengths and batch sizes, compare each result with the same step
     run eagerly on an identical batch (same pools, same inputs)."""
     from compile_pass import _compat
 
-    engine = Engine(path)
+    engine = Engine(path, sizes=sizes)
     if path.kernels == "registered":
         register_launchers()  # the user's registration (module docstring); the backend stays as SGLang built it
     seen = len(_compat.graph_break_reasons())
     try:
-        step, reports = compile_step(path, engine.step)
+        step, reports = compile_step(path, engine.step, sizes.max_context)
         errors = []
-        for n, lengths in enumerate(length_vectors(path, vectors, seed=path.seed)):
+        for n, lengths in enumerate(length_vectors(path, vectors, seed=path.seed, max_context=sizes.max_context)):
             fb, hidden = engine.make_batch(lengths, seed=n)
             want = engine.step(fb, hidden)
             fb, hidden = engine.make_batch(lengths, seed=n)
