@@ -190,8 +190,9 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
             retrace[line], why[line] = "final", "more than one branch on the max differs inside [0, bound]; only " \
                                                  "one is traced with both outcomes"
         elif signature is None:
-            retrace[line], why[line] = "final", "this torch does not let the backend read the code Dynamo runs " \
-                                                 "after the graph, so the two outcomes cannot be compared"
+            retrace[line], why[line] = "final", "the code Dynamo runs after the graph cannot be read (the graph " \
+                                                 "ends at a graph break, or another torch), so the two outcomes " \
+                                                 "cannot be compared"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
         elif item.meta[OTHER] != signature:
@@ -210,15 +211,16 @@ def outcomes_differ(first: str, second: str) -> str:
         return ("its two outcomes compute different graphs (a width, an op or an input that depends on the "
                 "outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up to a "
                 "multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
-    return ("its two outcomes differ outside the graph (an attribute stored, a constant returned, or a value "
-            "handed across a graph break depends on the outcome); the rewrite is proven when they do not")
+    return ("its two outcomes differ outside the graph (an attribute stored, a constant returned, or a guard "
+            "depends on the outcome); the rewrite is proven when they do not")
 
 
 def frame_signature(graph: torch.fx.Graph) -> str | None:
-    """What one trace of the frame computes: the graph (graph_signature) and the code Dynamo runs after it (its
-    side effects, the constants it returns or hands a resume function, where each output goes:
-    _compat.frame_residual). None where that code cannot be read: the trace is then never called the same as
-    another (an attribute store or a returned constant that differs between the outcomes is not in the graph)."""
+    """What one trace of the frame computes: the graph (graph_signature), the code Dynamo runs after it (its
+    side effects, the constants it returns, where each output goes) and the guards it runs under
+    (_compat.frame_residual). None where that cannot be read (a graph that ends at a graph break among them):
+    the trace is then never called the same as another (an attribute store, a returned constant or a guard that
+    differs between the outcomes is not in the graph)."""
     residual = _compat.frame_residual()
     return None if residual is None else graph_signature(graph) + _AFTER + residual
 

@@ -241,18 +241,26 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
     A line goes from the range (with a differing branch at the bound) to the range only, or to no range (a max
     passed into a compiled region: what Dynamo traces by itself, which the pass may rewrite) and then, if kept
     there too, to the range only, for good."""
-    while True:
-        seen = _compat.graph_break_count()
-        try:
-            return compiled(*args, **kwargs)
-        except Exception as e:
-            inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
-            if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
-                raise
-            policy.modes.update(inner.modes)
-            policy.evidence.update(inner.evidence)
-            policy.why.update(inner.why)
-            _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
+    try:
+        while True:
+            seen = _compat.graph_break_count()
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:
+                inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
+                if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
+                    raise
+                policy.modes.update(inner.modes)
+                policy.evidence.update(inner.evidence)
+                policy.why.update(inner.why)
+                _compat.discard_graph_breaks(seen)  # the refused trace's breaks: its graph never runs
+    finally:
+        # A bound's outcome's evidence belongs to this call's compile only, returned or raised (as eager raises):
+        # a recompile (another batch size under dynamic=False, other guards) traces both outcomes again and
+        # compares them with each other, not with this compile's graph, which has other constants.
+        for line in [line for line, mode in policy.modes.items() if mode == "other"]:
+            del policy.modes[line]
+            policy.evidence.pop(line, None)
 
 
 def undecided_branches() -> list[str]:

@@ -9,11 +9,13 @@ does. Dynamo generates the bytecode that follows the graph call (`PyCodegen` `pa
 before it calls the backend, so the backend can read it from that frame.
 
 Patch-free, but private, dated:
-  * 2026-12-04, torch 2.13.0: `OutputGraph.compile_subgraph` holds `pass2` (a `PyCodegen` whose
+  * 2026-12-04, torch 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0: `OutputGraph.compile_subgraph` holds `reason`
+    (a `GraphCompileReason`; `graph_break` False for a return), `pass2` (a `PyCodegen` whose
     `get_instructions()` is the code after the graph call) and `stack_values_flat`; on the fast path (no side
     effects, only distinct tensors on the stack) there is no `pass2` and the graph's outputs are the stack as
-    they are. Other versions: read where the same locals exist; anywhere else `frame_residual()` is None and the
-    caller refuses to call two traces the same (the branch breaks the graph, as without the backend).
+    they are. The guards are `OutputGraph.guards` (`Guard.name`, `Guard.create_fn_name()`) and the shape
+    environment's `guards` (`ShapeGuard.expr`). Anywhere else `frame_residual()` is None and the caller refuses
+    to call two traces the same (the branch breaks the graph, as without the backend).
 Removed by: a Dynamo API that exposes the residual code (or a side-effect summary) to the backend.
 """
 
@@ -42,19 +44,28 @@ def _argument(inst) -> str:
 
 def frame_residual() -> str | None:
     """The code Dynamo runs after the graph of the frame it is compiling now, as text (each instruction's name
-    and argument; constants by repr, so an object without a value repr never compares equal), with why the graph
-    ends there (a return, a graph break). None where it cannot be read: not inside Dynamo's compile of a
-    subgraph, or a torch whose compile_subgraph does not hold these locals."""
+    and argument; constants by repr, so an object without a value repr never compares equal), and the guards the
+    compiled code will run under (each guard's source and kind, each shape guard's expression: two traces of one
+    call read the same values, so the same guards are the same conditions). None where it cannot be read: not
+    inside Dynamo's compile of a subgraph, a torch whose compile_subgraph does not hold these locals, or a graph
+    that ends at a graph break (the call of the resume function and what it is handed are generated after the
+    backend returns: not readable here, so never compared)."""
     try:
         frame = _compile_subgraph_frame()
         if frame is None:
             return None
         found = frame.f_locals
-        reason = getattr(found.get("reason"), "reason", None)
+        reason = found.get("reason")
+        if getattr(reason, "graph_break", True):
+            return None
         stack = found.get("stack_values_flat")
         if stack is None:
             return None
-        lines = [f"ends at: {reason!r}", f"stack and locals: {len(stack)}"]
+        output = found["self"]
+        guards = sorted(f"{g.name} {g.create_fn_name()}" for g in output.guards)
+        shape_env = getattr(output, "shape_env", None)
+        shape_guards = sorted(str(g.expr) for g in getattr(shape_env, "guards", None) or ())
+        lines = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}", *guards, *shape_guards]
         pass2 = found.get("pass2")
         if pass2 is None:
             if "graph_output_var" in found and found["graph_output_var"] is not None:

@@ -22,7 +22,7 @@ from passlib import compile_traced
 WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
 
 ATTN = torch.ops.syncfree.paged_decode
-REQS = 4
+REQS = 5
 
 
 def padded_blocks(m: int, page_size: int) -> int:
@@ -201,3 +201,19 @@ def test_the_report_says_why_a_branch_breaks_and_what_would_prove_it(step, bound
     breaks = [i for r in compile_pass.reports(compiled) for i in r.kept if i.kind == "graph_break"]
     assert breaks and all("has a branch whose outcome differs inside [0, bound], not decided" in i.reason
                           and why in i.reason and "proven when" in i.reason for i in breaks), [i.reason for i in breaks]
+
+
+def test_each_batch_size_of_a_static_compile_traces_both_outcomes_again():
+    """dynamic=False: a new batch size recompiles the frame; its two outcomes are compared with each other (the
+    first batch's graph has other constants), so every batch size is rewritten: 3, then 2 and 5 (issue 45's
+    independent harness), maxima on both sides of the round-up's span."""
+    bound, page_size = 8192, 64
+    step = make_step(page_size)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    rng = random.Random(7)
+    for n, (batch, m) in enumerate([(3, 1), (3, 4097), (2, bound), (2, 4095), (5, 4096), (5, 1), (3, 8191)]):
+        lengths = [m] + [rng.randint(0, m) for _ in range(batch - 1)]
+        inputs = make_inputs(lengths, bound + page_size, page_size, seed=n)
+        torch.testing.assert_close(call(*inputs), step(*inputs))
+    reports = backend.reports
+    assert len(reports) == 3 and all(r.rewritten and not r.kept for r in reports), [str(r) for r in reports]

@@ -6,8 +6,9 @@ A branch on a bounded max whose outcome differs inside the range is traced with 
 are called one computation where traced_ranges.frame_signature is equal: the rewritten FX graph (placeholders by
 source) and the residual bytecode after the graph (_compat.frame_residual: `pass2` of compile_subgraph). The
 accepted compile then runs, for every max, the code of the trace with the OTHER outcome (the second one). Three
-things decide what that code does and are in neither part of the signature; each breaks the equality below
-(strict xfail: the lead removes the marker with the fix):
+things decided what that code does and were in neither part of the signature; each broke the equality below
+until its fix (the signature refuses a graph that ends at a graph break and compares the guards; the evidence is
+cleared however the call ends):
 
   1. where the frame resumes after a graph break: the resume function (and the locals it is handed) is built by
      symbolic_convert.create_call_resume_at AFTER compile_subgraph returns, so it is not in `pass2`;
@@ -44,6 +45,7 @@ REQS = 4
 def make_inputs(lengths, bound: int, page_size: int, seed: int, heads: int = 2, reqs: int = REQS):
     """A token table of more than `bound` tokens per request (a whole number of pages), a pool of small heads."""
     width = (-(-bound // page_size) + 1) * page_size
+    reqs = max(reqs, len(lengths))  # a request row for every length
     gen = torch.Generator().manual_seed(seed)
     pages = torch.randperm(reqs * width // page_size, generator=gen).view(reqs, -1)
     tok = torch.arange(width)
@@ -101,9 +103,6 @@ def make_break_in_each_outcome(page_size):
     return step
 
 
-@pytest.mark.xfail(strict=True, reason="frame_signature does not cover where the frame resumes after a graph "
-                                       "break (create_call_resume_at runs after compile_subgraph, outside pass2): "
-                                       "every max resumes in the kept (other) outcome's continuation")
 @pytest.mark.parametrize("bound,page_size,batch", [(4096, 64, 3), (32768, 16, 8), (8191, 32, 1)])
 def test_a_graph_break_inside_each_outcome_resumes_in_that_outcome(bound, page_size, batch):
     step = make_break_in_each_outcome(page_size)
@@ -128,8 +127,6 @@ def unbound_in_one_outcome(q, k, v, r2t, rpi, seq_lens):
         return odd * 3
 
 
-@pytest.mark.xfail(strict=True, reason="frame_signature does not cover which locals the resume function is handed "
-                                       "(their names live in the resume function, not in pass2)")
 def test_a_local_bound_in_one_outcome_only_keeps_its_name_across_a_break():
     bound = 4096
     call, backend = compile_traced(unbound_in_one_outcome, dynamic=False, max_context_len=bound)
@@ -139,8 +136,6 @@ def test_a_local_bound_in_one_outcome_only_keeps_its_name_across_a_break():
 
 
 @pytest.mark.inductor
-@pytest.mark.xfail(strict=True, reason="the same hole through compile_pass.compile and Inductor: the resume point "
-                                       "after a graph break is not compared")
 def test_the_resume_point_through_the_backend():
     step = make_break_in_each_outcome(64)
     compiled = compile_pass.compile(step, max_context_len=4096)
@@ -165,9 +160,6 @@ def make_config_step(config: Config):
     return step
 
 
-@pytest.mark.xfail(strict=True, reason="the accepted compile is guarded by the other outcome's guards only: an "
-                                       "attribute only the bound's outcome read is not guarded, so changing it "
-                                       "never recompiles (frame_signature compares no guards)")
 def test_state_only_one_outcome_reads_is_guarded():
     bound, config = 4096, Config()
     step = make_config_step(config)
@@ -190,8 +182,6 @@ def shape_in_one_outcome(q, k, v, r2t, rpi, seq_lens):
     return out * scale
 
 
-@pytest.mark.xfail(strict=True, reason="under dynamic shapes a size guard made in the bound's outcome only is lost "
-                                       "(frame_signature compares no guards): a later batch reuses the graph")
 @pytest.mark.parametrize("bound,page_size", [(4096, 64), (32768, 64)])
 def test_a_size_guard_of_one_outcome_holds_for_later_batches(bound, page_size):
     call, backend = compile_traced(shape_in_one_outcome, dynamic=True, max_context_len=bound)
@@ -270,10 +260,6 @@ def raising_after_a_break(q, k, v, r2t, rpi, seq_lens):
     return out * scale
 
 
-@pytest.mark.xfail(strict=True, reason="call_retracing clears mode 'other' and its evidence only when the call "
-                                       "returns: a call that raises after the accepted compile (as eager raises) "
-                                       "leaves the first compile's signature, and the next recompile compares the "
-                                       "other outcome with it (tracing.py call_retracing: reset not in a finally)")
 def test_a_call_that_raises_leaves_no_evidence_for_the_next_recompile():
     bound = 4096
     call, backend = compile_traced(raising_after_a_break, dynamic=False, max_context_len=bound)
