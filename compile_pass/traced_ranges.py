@@ -15,6 +15,8 @@ module, never the Dynamo-time one. compile_pass.tracing's docstring says why eac
 
 from __future__ import annotations
 
+import dataclasses
+
 import operator
 
 import torch
@@ -195,34 +197,54 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
                                                  "cannot be compared"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
-        elif item.meta[OTHER] != signature:
-            retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature)
+        elif item.meta[OTHER] is None or not signature.same_computation(item.meta[OTHER]):
+            retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature) \
+                if item.meta[OTHER] is not None else "the bound's outcome was not recorded"
     if retrace:
         raise Retrace(retrace, evidence, why)
     return 0
 
 
-_AFTER = "\n-- after the graph --\n"
+@dataclasses.dataclass(frozen=True)
+class TraceSignature:
+    """What one trace of the frame computes (the rewritten graph, each placeholder by its source; the code Dynamo
+    runs after it: side effects, returned constants, where each output goes) and the guards it runs under."""
+
+    graph: str
+    after: str
+    guards: frozenset
+
+    def same_computation(self, first: "TraceSignature") -> bool:
+        """This trace (the other outcome's: its compiled code is what runs) computes what `first` (the bound's
+        outcome's) computes wherever its guards hold: the same graph and code, and every guard of `first` among
+        its own (a guard only `first` made, on a value only that outcome read, would not be checked)."""
+        return self.graph == first.graph and self.after == first.after and first.guards <= self.guards
 
 
-def outcomes_differ(first: str, second: str) -> str:
+def outcomes_differ(first: TraceSignature, second: TraceSignature) -> str:
     """Why two traces of a branch's outcomes are not one computation, and what would make them one."""
-    if first.split(_AFTER)[0] != second.split(_AFTER)[0]:
+    if first.graph != second.graph:
         return ("its two outcomes compute different graphs (a width, an op or an input that depends on the "
                 "outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up to a "
                 "multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
-    return ("its two outcomes differ outside the graph (an attribute stored, a constant returned, or a guard "
-            "depends on the outcome); the rewrite is proven when they do not")
+    if first.after != second.after:
+        return ("its two outcomes differ outside the graph (an attribute stored, a constant returned); the rewrite "
+                "is proven when they do not")
+    missing = sorted(first.guards - second.guards)
+    return (f"the bound's outcome depends on a value the other outcome does not read ({missing[0]}): its compiled "
+            "code would not be guarded by it")
 
 
-def frame_signature(graph: torch.fx.Graph) -> str | None:
-    """What one trace of the frame computes: the graph (graph_signature), the code Dynamo runs after it (its
-    side effects, the constants it returns, where each output goes) and the guards it runs under
-    (_compat.frame_residual). None where that cannot be read (a graph that ends at a graph break among them):
-    the trace is then never called the same as another (an attribute store, a returned constant or a guard that
-    differs between the outcomes is not in the graph)."""
+def frame_signature(graph: torch.fx.Graph) -> TraceSignature | None:
+    """The TraceSignature of the trace being compiled (graph_signature, _compat.frame_residual). None where the
+    code after the graph cannot be read (a graph that ends at a graph break among them): the trace is then never
+    called the same as another (an attribute store, a returned constant or a guard that differs between the
+    outcomes is not in the graph)."""
     residual = _compat.frame_residual()
-    return None if residual is None else graph_signature(graph) + _AFTER + residual
+    if residual is None:
+        return None
+    after, guards = residual
+    return TraceSignature(graph_signature(graph), after, guards)
 
 
 def graph_signature(graph: torch.fx.Graph) -> str:
@@ -282,6 +304,29 @@ def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
         if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
             values = values[holds.expand(values.shape)]
     return values
+
+
+def implied_outcome(item: torch.fx.Node, expr, bound: int):
+    """The value (sympy true/false) a branch condition `expr` on the max read by `item` has for EVERY value the
+    max can take in this trace (admitted_values: [0, bound] less those its earlier outcomes exclude), or None
+    where it differs among them or cannot be evaluated. Such a branch adds no assumption: it is decided by the
+    outcomes already traced (FlashInfer's `blocks % 2 == 0` check after TRTLLM-MLA's round-up to a multiple of
+    64 pages holds in both outcomes of the round-up)."""
+    import sympy
+
+    if not item.meta.get(AT_BOUND):
+        return None  # nothing assumed yet: the range alone decides (or not) before this is asked
+    values = admitted_values(item, bound)
+    if values is None or values.numel() == 0 or len(getattr(expr, "free_symbols", ()) or ()) != 1:
+        return None
+    try:
+        holds = _host_value(expr, values)
+    except (NotImplementedError, TypeError, ValueError, RuntimeError):
+        return None
+    if not (isinstance(holds, torch.Tensor) and holds.dtype == torch.bool):
+        return None
+    holds = holds.expand(values.shape)
+    return sympy.true if bool(holds.all()) else sympy.false if not bool(holds.any()) else None
 
 
 def _host_value(expr, values: torch.Tensor):

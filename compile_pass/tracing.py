@@ -66,7 +66,7 @@ import torch.fx
 from . import _compat, bounds, traceable
 from .find_sync_points import attribute_name
 from .fx_util import node_location
-from .traced_ranges import AT_BOUND, FIRST, META, OTHER, UNRANGED, Retrace, lengths_of
+from .traced_ranges import AT_BOUND, FIRST, META, OTHER, UNRANGED, Retrace, implied_outcome, lengths_of
 
 
 
@@ -84,7 +84,7 @@ class TracingPolicy:
         self.checked = opts.checked
         self.root_code = root_code
         self.modes: dict[str, str] = {}
-        self.evidence: dict[str, str] = {}  # line -> the rewritten graph of the bound's outcome (mode "other")
+        self.evidence: dict = {}  # line -> the TraceSignature of the bound's outcome (mode "other")
         self.why: dict[str, str] = {}  # line -> why a branch on its max breaks the graph (mode "final")
 
     @classmethod
@@ -170,7 +170,10 @@ def _on_guard(shape_env, expr):
     value = expr.xreplace({s: sympy.Integer(e[0]) for s, e in zip(symbols, entries)})
     if value not in (sympy.true, sympy.false):
         return None
-    (_, item), = entries
+    (bound, item), = entries
+    implied = implied_outcome(item, expr, bound)
+    if implied is not None:  # the same for every value the outcomes traced so far admit: no new assumption
+        return implied
     if OTHER in item.meta:  # the second trace: the first branch's other outcome; no other branch is decided
         if item.meta[AT_BOUND]:  # here (their combinations would not all be traced): Dynamo breaks there
             return None

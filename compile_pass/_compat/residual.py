@@ -21,6 +21,7 @@ Removed by: a Dynamo API that exposes the residual code (or a side-effect summar
 
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -42,14 +43,15 @@ def _argument(inst) -> str:
     return repr(value)
 
 
-def frame_residual() -> str | None:
-    """The code Dynamo runs after the graph of the frame it is compiling now, as text (each instruction's name
-    and argument; constants by repr, so an object without a value repr never compares equal), and the guards the
-    compiled code will run under (each guard's source and kind, each shape guard's expression: two traces of one
-    call read the same values, so the same guards are the same conditions). None where it cannot be read: not
-    inside Dynamo's compile of a subgraph, a torch whose compile_subgraph does not hold these locals, or a graph
-    that ends at a graph break (the call of the resume function and what it is handed are generated after the
-    backend returns: not readable here, so never compared)."""
+def frame_residual() -> tuple[str, frozenset] | None:
+    """(code, guards) of the frame Dynamo is compiling now. `code`: what Dynamo runs after the graph, as text
+    (each instruction's name and argument; constants by repr, so an object without a value repr never compares
+    equal) with why the graph ends there. `guards`: the guards the compiled code will run under (each of
+    Dynamo's by source and kind, with the counters Dynamo appends to global names dropped; each shape guard by
+    expression). Two traces of one call read the same values, so the same guard is the same condition. None where
+    it cannot be read: not inside Dynamo's compile of a subgraph, a torch whose compile_subgraph does not hold
+    these locals, or a graph that ends at a graph break (the call of the resume function and what it is handed
+    are generated after the backend returns: not readable here, so never compared)."""
     try:
         frame = _compile_subgraph_frame()
         if frame is None:
@@ -62,10 +64,10 @@ def frame_residual() -> str | None:
         if stack is None:
             return None
         output = found["self"]
-        guards = sorted(f"{g.name} {g.create_fn_name()}" for g in output.guards)
+        guards = {f"{_COUNTER.sub('___', g.name)} {g.create_fn_name()}" for g in output.guards}
         shape_env = getattr(output, "shape_env", None)
-        shape_guards = sorted(str(g.expr) for g in getattr(shape_env, "guards", None) or ())
-        lines = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}", *guards, *shape_guards]
+        guards |= {f"shape {g.expr}" for g in getattr(shape_env, "guards", None) or ()}
+        lines = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}"]
         pass2 = found.get("pass2")
         if pass2 is None:
             if "graph_output_var" in found and found["graph_output_var"] is not None:
@@ -73,6 +75,9 @@ def frame_residual() -> str | None:
             lines.append("the graph's outputs, as they are")  # the fast path: no side effects, tensors only
         else:
             lines += [f"{inst.opname} {_argument(inst)}" for inst in pass2.get_instructions()]
-        return "\n".join(lines)
+        return "\n".join(lines), frozenset(guards)
     except Exception:  # a torch whose locals differ: nothing read
         return None
+
+
+_COUNTER = re.compile(r"___\d+")  # Dynamo's `__builtins_dict___2`: a name counter per trace, not a source

@@ -217,3 +217,53 @@ def test_each_batch_size_of_a_static_compile_traces_both_outcomes_again():
         torch.testing.assert_close(call(*inputs), step(*inputs))
     reports = backend.reports
     assert len(reports) == 3 and all(r.rewritten and not r.kept for r in reports), [str(r) for r in reports]
+
+
+# -- a second branch that the first one's outcomes decide ----------------------------------------------------------
+# FlashInfer's `_check_trtllm_gen_mla_shape` checks `block_num % (128 / page_size) == 0` after TRTLLM-MLA's
+# round-up: in both outcomes of the round-up the blocks are a multiple of 64 pages, so the check holds for every
+# max each outcome admits and adds no assumption (traced_ranges.implied_outcome). A second branch that differs
+# within one outcome is still not decided: the step breaks there.
+def checked_round_up(page_size: int, check: int):
+    def decode_step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        blocks = padded_blocks(m, page_size)
+        if blocks % check != 0:
+            raise ValueError(f"block_num {blocks} is not a multiple of {check}")
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, seq_lens, table, blocks, page_size)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m)
+    return decode_step
+
+
+@pytest.mark.parametrize("bound,page_size", [(4096, 32), (32768, 64), (131072, 64)])
+def test_a_check_both_outcomes_satisfy_adds_no_assumption(bound, page_size):
+    step = checked_round_up(page_size, 128 // page_size)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    rng = random.Random(bound)
+    for n, m in enumerate(maxima(bound, page_size, 3)):
+        if m == 0:
+            continue  # blocks 0: eager's own check passes too, but the decode needs a length
+        lengths = [m, rng.randint(0, m), rng.randint(0, m)]
+        inputs = make_inputs(lengths, bound + page_size, page_size, seed=n)
+        torch.testing.assert_close(call(*inputs), step(*inputs))
+    assert backend.reports and all(r.rewritten and not r.kept for r in backend.reports), \
+        [str(r) for r in backend.reports]
+
+
+def test_a_second_branch_that_differs_within_an_outcome_still_breaks():
+    bound, page_size = 8192, 64
+
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        blocks = padded_blocks(m, page_size)
+        scale = 2.0 if m % 3 == 0 else 1.0  # differs within each outcome of the round-up
+        table = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)
+        WRITER(r2t, rpi, seq_lens, table, blocks, page_size)
+        return ATTN(q, k, v, table, seq_lens.to(torch.int32), max_seqlen_k=m) * scale
+
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    for n, m in enumerate([bound, 8190, 4096, 4095, 3, 1]):
+        inputs = make_inputs([m, 1, 2], bound + page_size, page_size, seed=n)
+        torch.testing.assert_close(call(*inputs), step(*inputs))
+    assert not any(r.rewritten for r in backend.reports), [str(r) for r in backend.reports]

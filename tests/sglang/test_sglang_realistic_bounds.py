@@ -138,14 +138,6 @@ def keys_of(case: Case) -> list[tuple]:
 
 # --------------------------------------------------------------------------------------------- what fails today
 # (name, bound or None, page or None, start or None) -> reason; the first that matches a key marks it (strict)
-TRTLLM_TWO_GUARDS = (
-    "issue 45 item 1 (compile_pass): the frame is traced at the bound's outcome of `if blocks % constraint_lcm "
-    "!= 0` (trtllm_mla_backend.py:355) with a second guard on the same max, `blocks % (128 / page_size) == 0` "
-    "from FlashInfer's `_check_trtllm_gen_mla_shape` (trtllm_batch_decode_with_kv_cache_mla checks the block "
-    "table's width in Python; the stand-in does as the real one does), and settle_at_bound retraces a max with "
-    "more than one guard with the range only: a graph break at :355, the max kept. Both guards hold for every "
-    "value in [0, bound] in both outcomes (the round-up gives a multiple of lcm, itself a multiple of "
-    "128 / page_size); with that check removed the two outcomes give one graph and decode is rewritten")
 XFAIL: dict = {
     (NARROW, None, None, "narrow"):
         "issue 45 item 5 (compile_pass): the scratch an eager step left narrower than the bound "
@@ -153,13 +145,12 @@ XFAIL: dict = {
         "(flashmla_backend.py:151) differ inside [0, bound]: the regrown table `torch.full((rows, max(n, 2)), -1)` "
         "is kept (`sym_max` at :153, 'not only as an allocation's width'), traced again with the range only: a "
         "graph break at :151, the mirror read on the host every step",
-    ("trtllm_mla_decode_mirror", None, None, None): TRTLLM_TWO_GUARDS,
     ("trtllm_mla_verify_mirror", None, None, None):
-        "issue 45 item 1 (compile_pass): as trtllm_mla_decode_mirror (two guards on the max at :355), and even "
-        "without the shape check the two outcomes differ: at the bound `cdiv(m + 4, ps)` is one page past a "
-        "multiple of lcm, rounded up to the next one (width 2 * 4096 / ps), the other outcome's width is 4096 / ps: "
-        "traced with the range only, a graph break at :355. SGLang's invariant (committed lengths at most "
-        "max_context_len - 4, length_bounds) makes both outcomes one graph (rewritten once the two-guard case is)",
+        "the bound's outcome of the round-up at trtllm_mla_backend.py:355 differs from the other in width: at the "
+        "bound `cdiv(m + 4, ps)` is one page past a multiple of lcm, rounded up to the next one (width 2 * 4096 / "
+        "ps), the other outcome's width is 4096 / ps: not one computation, a graph break at :355 with eager's "
+        "values (the report says so). SGLang's invariant (committed lengths at most max_context_len - 4, declared "
+        "with length_bounds) makes both outcomes one graph",
     ("flashmla_replay_draft_extend_static", None, None, "full"):
         "compile_pass: at a batch as large as the CUDA-graph buffers (bs == max_bs), "
         "`cuda_graph_draft_extend_seq_lens_k[:bs]` is the whole buffer and the copy relation no longer relates "
