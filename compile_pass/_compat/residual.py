@@ -14,7 +14,7 @@ Patch-free, but private, dated:
     `get_instructions()` is the code after the graph call) and `stack_values_flat`; on the fast path (no side
     effects, only distinct tensors on the stack) there is no `pass2` and the graph's outputs are the stack as
     they are. The guards are `OutputGraph.guards` (`Guard.name`, `Guard.create_fn_name()`) and the shape
-    environment's `guards` (`ShapeGuard.expr`). Anywhere else `frame_residual()` is None and the caller refuses
+    environment's `guards` (`ShapeGuard.expr`, its symbols spelled by `var_to_sources`). Anywhere else `frame_residual()` is None and the caller refuses
     to call two traces the same (the branch breaks the graph, as without the backend).
 Removed by: a Dynamo API that exposes the residual code (or a side-effect summary) to the backend.
 """
@@ -66,7 +66,7 @@ def frame_residual() -> tuple[str, frozenset] | None:
         output = found["self"]
         guards = {f"{_COUNTER.sub('___', g.name)} {g.create_fn_name()}" for g in output.guards}
         shape_env = getattr(output, "shape_env", None)
-        guards |= {f"shape {g.expr}" for g in getattr(shape_env, "guards", None) or ()}
+        guards |= {f"shape {_sourced(g.expr, shape_env)}" for g in getattr(shape_env, "guards", None) or ()}
         lines = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}"]
         pass2 = found.get("pass2")
         if pass2 is None:
@@ -78,6 +78,19 @@ def frame_residual() -> tuple[str, frozenset] | None:
         return "\n".join(lines), frozenset(guards)
     except Exception:  # a torch whose locals differ: nothing read
         return None
+
+
+def _sourced(expr, shape_env) -> str:
+    """A shape guard with each size symbol spelled by the input it is a size of (`L['q'].size()[0]`, not `s0`):
+    two traces may number the same sizes in another order."""
+    import sympy
+
+    names = {}
+    for symbol in expr.free_symbols:
+        sources = shape_env.var_to_sources.get(symbol)
+        if sources:
+            names[symbol] = sympy.Symbol(sources[0].name() if callable(sources[0].name) else sources[0].name)
+    return str(expr.xreplace(names))
 
 
 _COUNTER = re.compile(r"___\d+")  # Dynamo's `__builtins_dict___2`: a name counter per trace, not a source
