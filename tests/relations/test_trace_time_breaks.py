@@ -35,6 +35,7 @@ import torch._dynamo
 
 import compile_pass
 from consumers_for_tests import WRITE_ROWS
+from paged_steps import Scratch, grown_scratch_step, paged_inputs
 from passlib import compile_traced
 
 WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
@@ -43,18 +44,7 @@ REQS = 4
 
 
 def make_inputs(lengths, bound: int, page_size: int, seed: int, heads: int = 2, reqs: int = REQS):
-    """A token table of more than `bound` tokens per request (a whole number of pages), a pool of small heads."""
-    width = (-(-bound // page_size) + 1) * page_size
-    reqs = max(reqs, len(lengths))  # a request row for every length
-    gen = torch.Generator().manual_seed(seed)
-    pages = torch.randperm(reqs * width // page_size, generator=gen).view(reqs, -1)
-    tok = torch.arange(width)
-    r2t = (pages[:, tok // page_size] * page_size + tok % page_size).to(torch.int32)
-    rpi = torch.randperm(reqs, generator=gen)[: len(lengths)]
-    q = torch.randn(len(lengths), 1, heads, 4, generator=gen)
-    k = torch.randn(reqs * width // page_size, page_size, 1, 4, generator=gen)
-    v = torch.randn(reqs * width // page_size, page_size, 1, 4, generator=gen)
-    return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
+    return paged_inputs(lengths, bound, page_size, seed, reqs=reqs, heads=heads)
 
 
 def parity_maxima(bound: int, seed: int) -> list[int]:
@@ -379,27 +369,8 @@ def test_a_regrown_scratch_at_realistic_bounds_keeps_eager_s_values(bound, page_
     assert all(r.rewritten and not r.kept for r in backend.reports), [str(r) for r in backend.reports]
 
 
-class Scratch:
-    def __init__(self):
-        self.buf = None
-        self.stored = None
-
-
 def grown_from_none(state: Scratch, page_size: int):
-    def step(q, k, v, r2t, rpi, seq_lens):
-        bs = seq_lens.shape[0]
-        n = (seq_lens.max().item() + page_size - 1) // page_size
-        buf = state.buf
-        if buf is None or buf.shape[0] < bs or buf.shape[1] < n:
-            rows = bs if buf is None else max(bs, buf.shape[0])
-            cols = n if buf is None else max(n, buf.shape[1])
-            buf = torch.full((rows, cols), -1, dtype=torch.int32)
-            state.buf = buf
-        table = buf[:bs, :n]
-        WRITER(r2t, rpi, seq_lens, table, table.stride(0), page_size)
-        state.stored = table
-        return ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
-    return step
+    return grown_scratch_step(state, WRITER, page_size)
 
 
 @pytest.mark.parametrize("bound,page_size", [(8192, 16), (65536, 64)])

@@ -28,6 +28,7 @@ import torch
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from conftest_helpers import interpreting
+from paged_steps import Scratch, grown_scratch_step, paged_inputs
 from passlib import Rewriting, compile_traced
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -809,43 +810,13 @@ def test_a_round_up_table_filled_by_a_triton_writer_is_rewritten():
 # SGLang's FlashMLABackend._eager_block_kv_indices on a fresh backend: the scratch is None, so the first step
 # allocates `(bs, n)` and slices all of it, `buf[:bs, :n]`: a full view of the allocation, the same table. Later
 # steps find the scratch the first one stored, at the static width, and slice it (the sliced-scratch form).
-class Scratch:
-    """What the backend keeps between steps: the grown scratch (FlashMLA's `_eager_kv_indices_buf`)."""
-
-    def __init__(self):
-        self.buf = None
-        self.stored = None
-
-
 def grown_step(state: Scratch):
-    def step(q, k, v, r2t, rpi, seq_lens):
-        bs = seq_lens.shape[0]
-        n = (seq_lens.max().item() + PS - 1) // PS
-        buf = state.buf
-        if buf is None or buf.shape[0] < bs or buf.shape[1] < n:
-            rows = bs if buf is None else max(bs, buf.shape[0])
-            cols = n if buf is None else max(n, buf.shape[1])
-            buf = torch.full((rows, cols), -1, dtype=torch.int32)
-            state.buf = buf
-        table = buf[:bs, :n]
-        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
-        state.stored = table  # FlashMLADecodeMetadata holds the table
-        return ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
-
-    return step
+    return grown_scratch_step(state, WRITER, PS)
 
 
 def realistic_inputs(lengths, bound, seed=0):
     """make_inputs at a realistic bound: a token table of `bound` tokens per request over a pool of small heads."""
-    gen = torch.Generator().manual_seed(seed)
-    pages = torch.randperm(REQS * bound // PS, generator=gen).view(REQS, -1)
-    tok = torch.arange(bound)
-    r2t = (pages[:, tok // PS] * PS + tok % PS).to(torch.int32)
-    rpi = torch.randperm(REQS, generator=gen)[: len(lengths)]
-    q = torch.randn(len(lengths), 1, 2, 8, generator=gen)
-    k = torch.randn(REQS * bound // PS, PS, 1, 8, generator=gen)
-    v = torch.randn(REQS * bound // PS, PS, 1, 8, generator=gen)
-    return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
+    return paged_inputs(lengths, bound, PS, seed, reqs=REQS, heads=2, dim=8)
 
 
 @pytest.mark.parametrize("bound", [MCL, 4096, 32768])

@@ -1,0 +1,54 @@
+"""Inputs and steps the realistic-bound tests share: a token table and a small paged KV pool at any bound and page
+size, and FlashMLA's grow-on-demand scratch (SGLang's `_eager_block_kv_indices`) over a registered writer."""
+
+from __future__ import annotations
+
+import torch
+
+ATTN = torch.ops.syncfree.paged_decode
+
+
+def paged_inputs(lengths, bound: int, page_size: int, seed: int = 0, *, reqs: int = 4, heads: int = 2,
+                 kv_heads: int = 1, dim: int = 4):
+    """(q, k, v, r2t, rpi, seq_lens): a token table of more than `bound` tokens per request (a whole number of
+    pages, a request row for every length), a KV pool of small heads, random request rows."""
+    width = (-(-bound // page_size) + 1) * page_size
+    reqs = max(reqs, len(lengths))
+    gen = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(reqs * width // page_size, generator=gen).view(reqs, -1)
+    tok = torch.arange(width)
+    r2t = (pages[:, tok // page_size] * page_size + tok % page_size).to(torch.int32)
+    rpi = torch.randperm(reqs, generator=gen)[: len(lengths)]
+    q = torch.randn(len(lengths), 1, heads, dim, generator=gen)
+    k = torch.randn(reqs * width // page_size, page_size, kv_heads, dim, generator=gen)
+    v = torch.randn(reqs * width // page_size, page_size, kv_heads, dim, generator=gen)
+    return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
+
+
+class Scratch:
+    """What the backend keeps between steps: the grown scratch (FlashMLA's `_eager_kv_indices_buf`) and the table
+    the step stored (FlashMLADecodeMetadata's)."""
+
+    def __init__(self):
+        self.buf = None
+        self.stored = None
+
+
+def grown_scratch_step(state: Scratch, writer, page_size: int):
+    """FlashMLA's decode metadata over `writer` (a registered bounded writer `(r2t, rpi, lengths, table, stride,
+    page_size)`): the scratch grown to the running max shape, sliced `buf[:bs, :n]`, filled, stored, read."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs = seq_lens.shape[0]
+        n = (seq_lens.max().item() + page_size - 1) // page_size
+        buf = state.buf
+        if buf is None or buf.shape[0] < bs or buf.shape[1] < n:
+            rows = bs if buf is None else max(bs, buf.shape[0])
+            cols = n if buf is None else max(n, buf.shape[1])
+            buf = torch.full((rows, cols), -1, dtype=torch.int32)
+            state.buf = buf
+        table = buf[:bs, :n]
+        writer(r2t, rpi, seq_lens, table, table.stride(0), page_size)
+        state.stored = table
+        return ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
+
+    return step
