@@ -16,7 +16,6 @@ module, never the Dynamo-time one. compile_pass.tracing's docstring says why eac
 from __future__ import annotations
 
 import dataclasses
-
 import operator
 
 import torch
@@ -43,7 +42,8 @@ def lengths_of(item: torch.fx.Node) -> torch.fx.Node | None:
 class Retrace(Exception):
     """Raised by the backend where the frame of the compiled function must be traced again (nothing of the call has
     run): `modes` maps an `.item()` line to the next way to trace it (tracing.TracingPolicy.modes), `evidence` a
-    line to what the next trace is compared with (the rewritten graph of the bound's outcome, for mode "other")."""
+    line to what the next trace is compared with (the bound's outcome's TraceSignature, for mode "other"), `why`
+    a line to why a branch on its max is left to Dynamo (mode "final"), for the report."""
 
     def __init__(self, modes: dict, evidence: dict | None = None, why: dict | None = None):
         super().__init__("syncfree: the max at " + ", ".join(f"{line} (next: {mode})" for line, mode in
@@ -166,12 +166,13 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
         range only (no branch decided at the bound: Dynamo breaks there as without the backend) where a branch
         was traced at the bound;
       - a rewritten max whose frame was traced with one branch at the bound's outcome is traced again with the
-        other outcome (mode "other"); the two traces must be the same computation (frame_signature: the same
-        rewritten graph, reading the same inputs, and the same code after it: side effects, returned constants,
-        what a graph break hands on), and then that graph computes eager's values for every max in [0, bound] (each trace is eager's computation
-        for the maxima that take its outcome, and each rewrite is proven for them), with no assertion on the
-        outcome: a valid length never raises. Two graphs that differ, several branches, or several such maxima
-        (their combinations are not all traced) are traced again with the range only.
+        other outcome (mode "other"); the second trace must cover the first (TraceSignature.same_computation:
+        the same rewritten graph over the same inputs, the same code after it, every guard of the first among its
+        own; a graph that ends at a graph break is never compared), and then its graph computes eager's values
+        for every max in [0, bound] (each trace is eager's computation for the maxima that take its outcome, and
+        each rewrite is proven for them), with no assertion on the outcome: a valid length never raises. Traces
+        that differ, several branches, or several such maxima (their combinations are not all traced) are traced
+        again with the range only, with why (Retrace.why).
     Nothing is inserted: returns 0."""
     retrace, evidence, why = {}, {}, {}
     for item in ranged_items(graph):  # kept: still in the graph
@@ -197,9 +198,10 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
                                                  "cannot be compared"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
-        elif item.meta[OTHER] is None or not signature.same_computation(item.meta[OTHER]):
-            retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature) \
-                if item.meta[OTHER] is not None else "the bound's outcome was not recorded"
+        elif item.meta[OTHER] is None:
+            retrace[line], why[line] = "final", "the bound's outcome was not recorded"
+        elif not signature.same_computation(item.meta[OTHER]):
+            retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature)
     if retrace:
         raise Retrace(retrace, evidence, why)
     return 0

@@ -268,7 +268,7 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
 
 def undecided_branches() -> list[str]:
     """Why each branch on a bounded max of the call being traced breaks the graph (mode "final"), as
-    "the branch on the max at LINE ...": what the backend adds to such a graph break's report."""
+    "the max at LINE has a branch ...": what the backend adds to such a graph break's report."""
     if not _ACTIVE:
         return []
     return [f"the max at {line} has a branch whose outcome differs inside [0, bound], not decided: {why}"
