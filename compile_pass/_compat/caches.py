@@ -1,7 +1,8 @@
 """Compile caches and precompile: torch's mega-cache, AOT precompile, the serializable forms of a compiled step.
 
 Patches here: none. `serializable_step` wraps Inductor's output as torch's own Inductor backends do under AOT
-precompile (torch 2.11 wraps it only for them); checked on torch 2.13.0 and 2.14.1 (2026-12-04); removed when
+precompile (torch 2.11 wraps it only for them); checked on torch 2.13.0 and 2.14.1 (2026-12-04) and on
+2.11.0, 2.12.1 and 2.15.0 (2026-12-05: tests/test_cache.py, 31 passed on each); removed when
 torch wraps a custom backend's compile_fx output itself.
 """
 
