@@ -18,8 +18,8 @@ from ._compat import example_value, fake_mode_of
 from .consumers import bind_arguments
 from .fx_util import argument_names, flat_tensors, node_location
 from .mutations import WriteLog
-from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, is_narrowing, \
-    strip_kept_values, tensor_sub
+from .normalize import ARITHMETIC, COMPARES, INT_DTYPES, constant_add, dtype_of, floored_at_zero, \
+    is_identity_slice, is_narrowing, strip_kept_values, tensor_sub
 
 class DuplicateReason(RuntimeError):
     """Two owners declare the same reason code: raised at import, so a copied code never ships."""
@@ -192,7 +192,8 @@ class ProofContext:
         mirror pair. With `max_family` (the rules that need only an upper bound and check writes with the
         relation's copies allowed), also minus int tensors of the graph (`x - y + c`: an upper-bound relation that
         holds where each y >= 0, which the caller must have asserted) and a copy into a buffer view
-        (`copied_into`). Unsafe otherwise. Writes are the caller's to check."""
+        (`copied_into`; a view of the whole buffer too, `_copied_into_whole_view`). Unsafe otherwise. Writes are
+        the caller's to check."""
         if not isinstance(lengths, torch.fx.Node) or dtype_of(lengths) not in INT_DTYPES:
             raise Unsafe("lengths_not_tensor", f"{who} is not an int32/int64 tensor of the graph")
         source_root, source_offset = _strip_adds(source)
@@ -214,7 +215,12 @@ class ProofContext:
             minus = tensor_sub(root) if max_family and exact is None else None
             copy = self.copied_into(root) if max_family and add is None and minus is None else None
             if add is None and minus is None and copy is None:
-                break
+                whole = self._copied_into_whole_view(root, passed, source_root) if max_family else None
+                if whole is None:
+                    break
+                writer, node = whole  # the view (passed[-1]) is in the chain already
+                copies.append(writer)
+                continue
             chain.append(root)
             if add is not None:
                 node, step = add
@@ -227,7 +233,7 @@ class ProofContext:
                 copies.append(writer)
         via_mirror = False
         if root is not source_root:
-            if self.mirrors.get(source_root) is root or self.mirrors.get(root) is source_root:
+            if self._mirror_pair(root, source_root):
                 via_mirror = True  # the max over the CPU mirror, the lengths from its device twin (or back)
             else:
                 raise Unsafe("lengths_differ",
@@ -241,6 +247,25 @@ class ProofContext:
             return LengthsRelation(lengths, root, tuple(chain), max(k, 0), via_mirror, True, exact, k)
         return LengthsRelation(lengths, root, tuple(chain), k, via_mirror, subtracted=tuple(subtracted),
                                source_offset=source_offset, copies=tuple(copies))
+
+    def _mirror_pair(self, a: torch.fx.Node, b: torch.fx.Node) -> bool:
+        return self.mirrors.get(b) is a or self.mirrors.get(a) is b
+
+    def _copied_into_whole_view(self, root: torch.fx.Node, passed, source_root: torch.fx.Node):
+        """copied_into for a view that covers its whole buffer (issue 45, a full batch: `buf[:bs]` at
+        bs == buf.size(0), FlashMLA's `cuda_graph_draft_extend_seq_lens_k[:bs]` at bs == max_bs): the view is
+        the last node strip_kept_values passed (an identity slice, normalize.is_identity_slice: its stop equals
+        the buffer's first size for every value of the symbols), and `root` is the buffer it stripped down to,
+        which copied_into cannot relate (it is not `buf[index]`). Only where the chain would otherwise end
+        unrelated to the max's values (`root` neither `source_root` nor its mirror pair), so that no relation
+        proven without the copy changes. The slice is a node of the graph: the copy relation is proven on it
+        exactly as on a slice of part of the buffer (the same view, the same index, the last copy before it,
+        nothing writing the buffer after it, which the caller checks). None otherwise."""
+        if root is source_root or self._mirror_pair(root, source_root):
+            return None
+        if not passed or not is_identity_slice(passed[-1]) or passed[-1].args[0] is not root:
+            return None
+        return self.copied_into(passed[-1])
 
     def copied_into(self, view: torch.fx.Node):
         """(the copy, its source) where `view` is `buf[index]` of a graph input and the last copy before it into

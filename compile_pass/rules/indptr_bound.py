@@ -28,8 +28,10 @@ The proof (docs/design.md, "The safety rule") follows every use of `m`:
   3. a compare that only feeds asserts (`torch._check(m <= T)`, Dynamo's `m >= 0`): kept, on the device.
 Each consumer's indptr must be the cumulative sum with a leading 0 of the values the max was taken over (+ c no
 larger than the use's offset): `F.pad(cumsum(L), (1, 0))`, `cat([zeros(1), cumsum(L)])` (normalize.indptr_of), or a
-buffer written `buf[1:B + 1] = cumsum(L)` and read `buf[:B + 1]`, whose entry 0 the graph does not show: the
-rewrite asserts `buf[0] == 0` on the device (always: it is the proof's premise, as the narrowing check is).
+buffer written `buf[1:B + 1] = cumsum(L)` and read `buf[:B + 1]` (also where B + 1 is the buffer's whole size, a
+full batch: the slice is still the read, `_whole_buffer_read`; the buffer read without a slice is not recognised),
+whose entry 0 the graph does not show: the rewrite asserts `buf[0] == 0` on the device (always: it is the proof's
+premise, as the narrowing check is).
 Nothing may write the lengths or the indptr (the buffer) between their first read and the consumer. Then every
 row's entry count is L_b + c <= bound + c, the static value. The bound is per site (page_table.site_bound):
 max_context_len, or options['length_bounds'][name] for a declared lengths input.
@@ -49,7 +51,8 @@ from ..consumers import (INT, TENSOR, FactKind, argument, arguments, bind_argume
                          lookup_facts, register_facts, unregister_facts)
 from ..find_sync_points import SyncPoint
 from ..fx_util import insert_call, node_location, set_argument
-from ..normalize import INT_DTYPES, cumsum_source, dtype_of, indptr_of, plus_constant, strip_kept_values
+from ..normalize import INT_DTYPES, cumsum_source, dtype_of, indptr_of, is_identity_slice, plus_constant, \
+    strip_kept_values
 from ..proof import ProofContext, Unsafe, check_outputs_keep
 from . import register_rule
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
@@ -135,6 +138,18 @@ def _slice_bounds(node):
     return s.start, s.stop
 
 
+def _whole_buffer_read(stripped, passed: list):
+    """(the read, the nodes above it): `buf[:B + 1]` where B + 1 is the buffer's whole first size (a full batch,
+    issue 45: SGLang's `qo_indptr[:bs + 1]` at bs == max_bs) is an identity slice, which strip_kept_values passes
+    (normalize.is_identity_slice), reaching the buffer itself: the read is that slice, a node of the graph, and
+    the proof runs on it as on a slice of part of the buffer (the same stop checked against the rows written).
+    Only where the stripped node is not a slice already (no read recognised before); else unchanged."""
+    if isinstance(stripped, torch.fx.Node) and _slice_bounds(stripped) is None and passed \
+            and is_identity_slice(passed[-1]) and passed[-1].args[0] is stripped:
+        return passed[-1], passed[:-1]
+    return stripped, passed
+
+
 def _value(x):
     return example_value(x) if isinstance(x, torch.fx.Node) else x
 
@@ -185,6 +200,7 @@ class _Walk(HostMaxWalk):
     def buffer_indptr(self, consumer, facts, indptr):
         """`buf[1:B + 1] = cumsum(L)` then `buf[:B + 1]` (SGLang's qo_indptr): (L, nodes, the write, buf)."""
         stripped, passed = strip_kept_values(indptr, allow_moves=False, allow_narrowing=False)
+        stripped, passed = _whole_buffer_read(stripped, passed)
         span = _slice_bounds(stripped) if isinstance(stripped, torch.fx.Node) else None
         buf = stripped.args[0] if span is not None else None
         if span is None or span[0] not in (None, 0) or not isinstance(buf, torch.fx.Node) \

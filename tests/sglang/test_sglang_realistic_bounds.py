@@ -151,16 +151,6 @@ XFAIL: dict = {
         "ps), the other outcome's width is 4096 / ps: not one computation, a graph break at :355 with eager's "
         "values (the report says so). SGLang's invariant (committed lengths at most max_context_len - 4, declared "
         "with length_bounds) makes both outcomes one graph",
-    ("flashmla_replay_draft_extend_static", None, None, "full"):
-        "compile_pass: at a batch as large as the CUDA-graph buffers (bs == max_bs), "
-        "`cuda_graph_draft_extend_seq_lens_k[:bs]` is the whole buffer and the copy relation no longer relates "
-        "the kernel's lengths to seq_lens_cpu (kept: lengths_differ, flashmla_backend.py:352); at 256 too",
-    ("triton_draft_extend_no_lists_registered_pass", None, None, "full"):
-        "compile_pass: at a batch as large as the `qo_indptr` buffer (bs == max_bs), `qo_indptr[:bs + 1]` is the "
-        "whole buffer and the indptr rule does not recognise it (kept: `buf[1:B + 1] = cumsum(L)` read as "
-        "`buf[:B + 1]` only; triton_backend.py:1126); at 256 too",
-    ("triton_draft_extend_no_lists_inplace_op_table", None, None, "full"):
-        "compile_pass: as triton_draft_extend_no_lists_registered_pass at a full batch",
 }
 
 
