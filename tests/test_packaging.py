@@ -112,6 +112,22 @@ def test_the_wheel_metadata(tmp_path):
     assert "[torch.backends]" in entry_points and "[torch_dynamo_backends]" in entry_points
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"compile_pass"}  # the only top-level import name
+    # every source module is in it (a subpackage missing from pyproject's list left the wheel without
+    # compile_pass/_compat: `import compile_pass` failed wherever the wheel was installed)
+    mapped = {"compile_pass": "compile_pass", "kernels": "compile_pass/kernels", "tools": "compile_pass/tools",
+              "examples": "compile_pass/examples"}
+    sources = {mapped[p.relative_to(ROOT).parts[0]] + "/" + "/".join(p.relative_to(ROOT).parts[1:])
+               for folder in mapped for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
+    assert sources <= set(names), sorted(sources - set(names))
+    # and the installed wheel imports, away from the checkout (run in tmp_path: no source folder on the path)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    proc = subprocess.run([sys.executable, "-c", "import compile_pass, compile_pass.cache, compile_pass.kernels; "
+                           "print(compile_pass.__file__)"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().startswith(str(site)), proc.stdout
 
 
 def test_the_source_folder_kernels_never_loads_as_a_second_copy_of_the_ops(monkeypatch):
