@@ -1,7 +1,8 @@
 """The pass's decisions over a test run, for comparing a refactor's before and after (issue 42).
 
 With SYNCFREE_DECISIONS_LOG=PATH in the environment, tests/conftest.py appends one JSON line per test to
-PATH (PATH.<worker> under xdist): the test's id and, for every graph report made during the test, in order,
+PATH (PATH.<worker> under xdist): the test's id and, for every graph report made during the test (the backend's
+and the pass-only harness's, passlib.Rewriting), in order,
 each rewritten and kept item (kind, location, rule, reason code, reason), whether the pass fell back, and the
 notes. `python tests/support/decision_log.py BEFORE AFTER` compares two runs (each a path prefix: every
 worker's file is read) and prints the tests whose decisions differ; exit 1 when any does.

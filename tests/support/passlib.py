@@ -7,7 +7,9 @@ import random
 import torch
 import torch.fx
 
+import decision_log
 from compile_pass import _compat, pipeline
+from compile_pass import report as report_module
 from compile_pass.backend import report_of
 from compile_pass.input_guard import guard_disjoint_inputs
 from compile_pass.options import SyncfreeOptions
@@ -59,6 +61,9 @@ class Rewriting:
         self.graphs.append(gm)
         self.states.append(state)
         self.reports.append(report)
+        if decision_log.path() is not None:  # SYNCFREE_DECISIONS_LOG: the pass-only reports count as the backend's
+            with report_module._LOCK:
+                report_module._ALL.append(report)
         return guard_disjoint_inputs(gm.forward, original, report.disjoint_inputs)  # as the backend does
 
     @property
