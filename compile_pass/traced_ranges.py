@@ -167,8 +167,9 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
         was traced at the bound;
       - a rewritten max whose frame was traced with one branch at the bound's outcome is traced again with the
         other outcome (mode "other"); the second trace must cover the first (TraceSignature.same_computation:
-        the same rewritten graph over the same inputs, the same code after it, every guard of the first among its
-        own; a graph that ends at a graph break is never compared), and then its graph computes eager's values
+        the same rewritten graph over the same inputs, the same code before and after it, every guard of the
+        first among its own; a graph that ends at a graph break, or a trace that replays Python random calls, is
+        never compared: refused at once, in either trace), and then its graph computes eager's values
         for every max in [0, bound] (each trace is eager's computation for the maxima that take its outcome, and
         each rewrite is proven for them), with no assertion on the outcome: a valid length never raises. Traces
         that differ, several branches, or several such maxima (their combinations are not all traced) are traced
@@ -193,9 +194,11 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
             retrace[line], why[line] = "final", "more than one branch on the max differs inside [0, bound]; only " \
                                                  "one is traced with both outcomes"
         elif signature is None:
-            retrace[line], why[line] = "final", "the code Dynamo runs after the graph cannot be read (the graph " \
+            retrace[line], why[line] = "final", "the code Dynamo runs around the graph cannot be read (the graph " \
                                                  "ends at a graph break, or another torch), so the two outcomes " \
                                                  "cannot be compared"
+        elif signature.uncompared:  # either outcome's: its own trace refuses before the other is compared
+            retrace[line], why[line] = "final", uncompared_reason(signature)
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
         elif item.meta[OTHER] is None:
@@ -209,26 +212,46 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class TraceSignature:
-    """What one trace of the frame computes (the rewritten graph, each placeholder by its source; the code Dynamo
-    runs after it: side effects, returned constants, where each output goes) and the guards it runs under."""
+    """What one trace of the frame computes and the guards it runs under: the rewritten graph (each placeholder by
+    its source, each callable and object by identity: TraceSpelling), the code Dynamo runs before the graph call
+    (what it builds there and hands the graph: a Parameter of an input) and after it (side effects, returned
+    constants, where each output goes), and what runs around the graph that the code does not hold
+    (`uncompared`: Python random calls replayed with arguments fixed when traced). `kept` holds every object
+    spelled by identity, so that its id is not reused while this signature is compared."""
 
     graph: str
+    before: str
     after: str
     guards: frozenset
+    uncompared: tuple = ()
+    kept: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     def same_computation(self, first: "TraceSignature") -> bool:
         """This trace (the other outcome's: its compiled code is what runs) computes what `first` (the bound's
-        outcome's) computes wherever its guards hold: the same graph and code, and every guard of `first` among
-        its own (a guard only `first` made, on a value only that outcome read, would not be checked)."""
-        return self.graph == first.graph and self.after == first.after and first.guards <= self.guards
+        outcome's) computes wherever its guards hold: nothing uncompared in either, the same graph and code
+        around it, and every guard of `first` among its own (a guard only `first` made, on a value only that
+        outcome read, would not be checked)."""
+        return not self.uncompared and not first.uncompared and self.graph == first.graph \
+            and self.before == first.before and self.after == first.after and first.guards <= self.guards
+
+
+def uncompared_reason(signature: TraceSignature) -> str:
+    """Why a trace that runs code the signature does not hold is never called the same as another."""
+    return (f"Dynamo runs code around the graph that the two outcomes' comparison does not read "
+            f"({'; '.join(signature.uncompared)}); the rewrite is proven when the step does not depend on it")
 
 
 def outcomes_differ(first: TraceSignature, second: TraceSignature) -> str:
     """Why two traces of a branch's outcomes are not one computation, and what would make them one."""
+    if first.uncompared or second.uncompared:
+        return uncompared_reason(first if first.uncompared else second)
     if first.graph != second.graph:
-        return ("its two outcomes compute different graphs (a width, an op or an input that depends on the "
-                "outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up to a "
-                "multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
+        return ("its two outcomes compute different graphs (a width, an op, a callable or an input that depends on "
+                "the outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up "
+                "to a multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
+    if first.before != second.before:
+        return ("its two outcomes differ in what Dynamo builds before the graph (a Parameter of another input, a "
+                "value hoisted out of the graph); the rewrite is proven when they do not")
     if first.after != second.after:
         return ("its two outcomes differ outside the graph (an attribute stored, a constant returned); the rewrite "
                 "is proven when they do not")
@@ -238,49 +261,107 @@ def outcomes_differ(first: TraceSignature, second: TraceSignature) -> str:
 
 
 def frame_signature(graph: torch.fx.Graph) -> TraceSignature | None:
-    """The TraceSignature of the trace being compiled (graph_signature, _compat.frame_residual). None where the
-    code after the graph cannot be read (a graph that ends at a graph break among them): the trace is then never
-    called the same as another (an attribute store, a returned constant or a guard that differs between the
-    outcomes is not in the graph)."""
-    residual = _compat.frame_residual()
+    """The TraceSignature of the trace being compiled (graph_signature, _compat.frame_residual), its objects
+    spelled by one TraceSpelling. None where the code around the graph cannot be read (a graph that ends at a
+    graph break among them): the trace is then never called the same as another (an attribute store, a
+    returned constant or a guard that differs between the outcomes is not in the graph)."""
+    spell = TraceSpelling()
+    residual = _compat.frame_residual(spell)
     if residual is None:
         return None
-    after, guards = residual
-    return TraceSignature(graph_signature(graph), after, guards)
+    return TraceSignature(graph_signature(graph, spell), residual.before, residual.after, residual.guards,
+                          residual.uncompared, tuple(spell.kept))
 
 
-def graph_signature(graph: torch.fx.Graph) -> str:
-    """The graph as text with nothing but what it computes: each node's op, target, and arguments (other nodes by
-    position, constants by repr), compiled regions' bodies included; no names, no meta. Two traces of one frame
-    compute the same thing where their signatures are equal."""
+class TraceSpelling:
+    """How a TraceSignature writes a value that two traces must agree on (a graph's call target or constant, a
+    constant or global of the code around it). Both traces run in one process, so "the same" is decided exactly:
+
+      * a plain literal by its value, which its repr says in full: None, bool, int, float (repr is exact: -0.0
+        and nan apart from 0.0), str, bytes, Ellipsis; a torch dtype, device, layout or memory format; a tuple
+        or frozenset of these (exact types: an int subclass such as an IntEnum, or a str subclass, is not one);
+      * anything else by identity: its id, with the object kept in `kept` for as long as the signature lives, so
+        that no other object takes that id while the two signatures are compared (the bound's outcome's is held
+        as evidence until the other outcome's is compared). Two objects that print alike (two closures of one
+        factory: one __module__ and __qualname__; two classes of one factory: one repr) are then different."""
+
+    _LITERALS = (type(None), bool, int, float, str, bytes, type(Ellipsis), torch.dtype, torch.device, torch.layout,
+                 torch.memory_format)
+
+    def __init__(self):
+        self.kept: list = []
+
+    def __call__(self, value) -> str:
+        kind = type(value)
+        if kind in self._LITERALS:
+            return repr(value)
+        if kind is tuple:
+            return "(" + "".join(self(v) + ", " for v in value) + ")"
+        if kind is frozenset:
+            return "frozenset({" + ", ".join(sorted(self(v) for v in value)) + "})"
+        self.kept.append(value)
+        named = value if hasattr(value, "__qualname__") else kind
+        return f"<{getattr(named, '__module__', '')}.{getattr(named, '__qualname__', kind.__name__)} " \
+               f"id {id(value):#x}>"
+
+
+def graph_signature(graph: torch.fx.Graph, spell: TraceSpelling) -> str:
+    """The graph as text with nothing but what it computes: each node's op, target (a callable by identity:
+    `spell`), and arguments (other nodes by position, constants by `spell`), compiled regions' bodies included;
+    no names, no meta. Two traces of one frame compute the same thing where their signatures, spelled while
+    both are alive, are equal."""
     index: dict = {}
 
     def arg(a) -> str:
         if isinstance(a, torch.fx.Node):
             return f"%{index[a]}"
-        if isinstance(a, (list, tuple)):
+        if type(a) in _FX_SEQUENCES:  # exact types: a named tuple is an object of its own (spell: identity)
             return type(a).__name__ + "(" + ", ".join(arg(x) for x in a) + ")"
-        if isinstance(a, dict):
-            return "{" + ", ".join(f"{k!r}: {arg(v)}" for k, v in a.items()) + "}"
-        if isinstance(a, slice):
+        if type(a) in _FX_DICTS:
+            return "{" + ", ".join(f"{spell(k)}: {arg(v)}" for k, v in a.items()) + "}"
+        if type(a) is slice:
             return f"slice({arg(a.start)}, {arg(a.stop)}, {arg(a.step)})"
-        return repr(a)
+        return spell(a)
 
     lines = []
     owner = graph.owning_module
     for node in graph.nodes:
         index[node] = len(index)
-        target = node.target if isinstance(node.target, str) else \
-            f"{getattr(node.target, '__module__', '')}.{getattr(node.target, '__qualname__', node.target)}"
-        line = f"{node.op} {target} {arg(node.args)} {arg(node.kwargs)}"
         if node.op == "placeholder":  # where it comes from: two traces may lift other inputs in its place
-            line = f"placeholder {index[node]} {_compat.placeholder_source_name(node)}"
-        if node.op == "get_attr" and owner is not None:
-            body = getattr(owner, str(node.target), None)
-            if isinstance(body, torch.fx.GraphModule):
-                line = "get_attr {" + graph_signature(body.graph).replace("\n", "; ") + "}"
-        lines.append(line)
+            lines.append(f"placeholder {index[node]} {_compat.placeholder_source_name(node)}")
+            continue
+        if node.op in ("get_attr", "call_module"):
+            target = _attribute(owner, str(node.target), spell)  # what it reads, not its name
+        elif node.op == "call_function":
+            target = spell(node.target)
+        else:  # call_method, output: a name
+            target = str(node.target)
+        lines.append(f"{node.op} {target} {arg(node.args)} {arg(node.kwargs)}")
     return "\n".join(lines)
+
+
+_FX_SEQUENCES = (list, tuple, torch.Size, torch.fx.immutable_collections.immutable_list)  # what FX args nest
+_FX_DICTS = (dict, torch.fx.immutable_collections.immutable_dict)
+
+
+def _attribute(owner, path: str, spell: TraceSpelling) -> str:
+    """What a get_attr or call_module node reads from the graph's module: a compiled region's body by its
+    signature; a module by the identity of its state (Dynamo gives each trace's graph module fresh proxies of
+    the user's modules, nn_module_proxy, each sharing its module's __dict__); anything else by `spell`. An
+    attribute that cannot be read is spelled as a fresh object: never the same as another trace's."""
+    if owner is None:
+        return spell(object())
+    try:
+        value = owner
+        for name in path.split("."):
+            value = getattr(value, name)
+    except AttributeError:
+        return spell(object())
+    if isinstance(value, torch.fx.GraphModule):
+        return "{" + graph_signature(value.graph, spell).replace("\n", "; ") + "}"
+    if isinstance(value, torch.nn.Module):
+        return f"{type(value).__qualname__} with the state {spell(vars(value))}"
+    return spell(value)
 
 
 ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (None)
@@ -289,31 +370,32 @@ ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (
 def admitted_values(item: torch.fx.Node, bound: int) -> torch.Tensor | None:
     """The values in [0, bound] that the max read by `item` can take in a step that runs: those where every branch
     it was traced with has that outcome (each trace's proof covers the maxima that take its outcome; settle_at_bound
-    keeps a rewrite only where the other outcome's trace gives the same graph; a max with none: every value). A guard that cannot be evaluated here (not of
-    this one symbol, an operator this file does not spell) narrows nothing: the answer is then a superset of the
+    keeps a rewrite only where the other outcome's trace gives the same graph; a max with none: every value). A
+    guard that cannot be evaluated exactly here (not of this one symbol, an operator this file does not spell, a
+    value past what int64 holds exactly: _host_value) narrows nothing: the answer is then a superset of the
     values, which is what a proof taking a minimum over them may use. None for a bound past ADMITTED_LIMIT."""
     if bound + 1 > ADMITTED_LIMIT:
         return None
     values = torch.arange(0, bound + 1, dtype=torch.int64)
     for _, guard in item.meta.get(AT_BOUND) or ():
         symbols = list(getattr(guard, "free_symbols", None) or ())
-        if len(symbols) != 1:
+        if len(symbols) != 1 or values.numel() == 0:
             continue
         try:
-            holds = _host_value(guard, values)
-        except (NotImplementedError, TypeError, ValueError, RuntimeError):
+            holds = _truth_at(_host_value(guard, values), values)
+        except _HOST_ERRORS:
             continue
-        if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
-            values = values[holds.expand(values.shape)]
+        if holds is not None:
+            values = values[holds]
     return values
 
 
 def implied_outcome(item: torch.fx.Node, expr, bound: int):
     """The value (sympy true/false) a branch condition `expr` on the max read by `item` has for EVERY value the
     max can take in this trace (admitted_values: [0, bound] less those its earlier outcomes exclude), or None
-    where it differs among them or cannot be evaluated. Such a branch adds no assumption: it is decided by the
-    outcomes already traced (FlashInfer's `blocks % 2 == 0` check after TRTLLM-MLA's round-up to a multiple of
-    64 pages holds in both outcomes of the round-up)."""
+    where it differs among them or cannot be evaluated exactly (_host_value). Such a branch adds no assumption:
+    it is decided by the outcomes already traced (FlashInfer's `blocks % 2 == 0` check after TRTLLM-MLA's
+    round-up to a multiple of 64 pages holds in both outcomes of the round-up)."""
     import sympy
 
     if not item.meta.get(AT_BOUND):
@@ -322,21 +404,185 @@ def implied_outcome(item: torch.fx.Node, expr, bound: int):
     if values is None or values.numel() == 0 or len(getattr(expr, "free_symbols", ()) or ()) != 1:
         return None
     try:
-        holds = _host_value(expr, values)
-    except (NotImplementedError, TypeError, ValueError, RuntimeError):
+        holds = _truth_at(_host_value(expr, values), values)
+    except _HOST_ERRORS:
         return None
-    if not (isinstance(holds, torch.Tensor) and holds.dtype == torch.bool):
+    if holds is None:
         return None
-    holds = holds.expand(values.shape)
     return sympy.true if bool(holds.all()) else sympy.false if not bool(holds.any()) else None
 
 
-def _host_value(expr, values: torch.Tensor):
-    """The sympy expression `expr` of one symbol, evaluated at each of `values` (its ints as tensors)."""
-    def call(op, *args):
-        return op(*(a if isinstance(a, torch.Tensor) else torch.tensor(a) for a in args))
+class _Inexact(ArithmeticError):
+    """The host cannot evaluate a guard exactly: an operator with no spelling here, an operand of the wrong kind,
+    an integer that int64 may not hold exactly, a division by zero, a `Mod` outside the operands it is defined on."""
 
-    return _evaluate(expr, values, call, lambda x: isinstance(x, torch.Tensor))
+
+# A broken evaluation narrows nothing (admitted_values) and decides nothing (implied_outcome): these are what a
+# guard this file cannot evaluate exactly raises (_Inexact), or what torch raises on an operand it refuses.
+_HOST_ERRORS = (_Inexact, ArithmeticError, TypeError, ValueError, RuntimeError)
+
+_EXACT_BELOW = 1 << 62  # every integer a tensor holds, operand or result, stays strictly inside +-this: int64 then
+#                         computes what Python ints do (no wrap, and -2**63 // -1 never arises)
+
+
+def _host_value(expr, values: torch.Tensor):
+    """The sympy expression `expr` of one symbol at each of `values` (an int64 tensor), exactly as Python ints
+    give it: a bool (or int64) tensor over `values`, or a Python bool or int where the symbol drops out. The
+    values are evaluated together, as int64 tensors, only where that is exact: before each operation, the
+    least and greatest value of its result are computed from its operands' in Python ints, and an operation
+    whose result (or operand) could leave (-2**62, 2**62) raises _Inexact instead of wrapping as int64 does.
+    Division and modulus by zero, and torch's `Mod` (defined on a non-negative dividend and a positive divisor
+    only) outside its domain, raise _Inexact as well."""
+    import sympy
+
+    if expr is sympy.true or expr is sympy.false:
+        return bool(expr)
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return values
+    name = type(expr).__name__
+    operands = [_host_value(a, values) for a in expr.args]
+    if name == "Not":
+        (operand,) = operands
+        return not operand if type(_truth(operand)) is bool else torch.logical_not(operand)
+    operation = _EXACT_OPS.get(name)
+    if operation is None:
+        raise _Inexact(f"no exact spelling for {name} in {expr}")
+    result = operands[0]
+    for other in operands[1:]:
+        result = operation(result, other)
+    return result
+
+
+def _truth_at(holds, values: torch.Tensor) -> torch.Tensor | None:
+    """A condition's value at each of `values` as a bool tensor of their shape; None where it is not a truth."""
+    if type(holds) is bool:
+        return torch.full(values.shape, holds, dtype=torch.bool)
+    if isinstance(holds, torch.Tensor) and holds.dtype == torch.bool:
+        return holds.expand(values.shape)
+    return None
+
+
+def _is_truth(x) -> bool:
+    return type(x) is bool or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
+def _truth(x):
+    """`x` where it is a truth value (a Python bool, or a bool tensor), else _Inexact (sympy's And, Or and Not
+    take truths only; an integer here is a spelling this file does not know)."""
+    if _is_truth(x):
+        return x
+    raise _Inexact(f"not a truth value: {x!r}")
+
+
+def _extremes(x) -> tuple[int, int]:
+    """The least and greatest value of an integer operand (a Python int, or an int64 tensor), exactly; a bool is
+    not an integer here (int64 arithmetic on it is not Python's)."""
+    if type(x) is int:
+        return x, x
+    if isinstance(x, torch.Tensor) and x.dtype == torch.int64:
+        return (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+    raise _Inexact(f"not an integer: {x!r}")
+
+
+def _integer_op(operation, result_extremes):
+    """An operation on two integers, exact: on two Python ints, Python's; with a tensor among them, int64's, where
+    both operands and every value the result can take (`result_extremes(a_low, a_high, b_low, b_high)`, a
+    (least, greatest) pair that also raises _Inexact where the operation is not defined) lie strictly inside
+    +-_EXACT_BELOW."""
+    def apply(a, b):
+        bounds = (*_extremes(a), *_extremes(b))
+        low, high = result_extremes(*bounds)
+        if type(a) is int and type(b) is int:
+            return operation(a, b)
+        if any(not -_EXACT_BELOW < v < _EXACT_BELOW for v in (*bounds, low, high)):
+            raise _Inexact("a value int64 may not hold exactly")
+        return operation(torch.as_tensor(a, dtype=torch.int64), torch.as_tensor(b, dtype=torch.int64))
+    return apply
+
+
+def _sum_extremes(al, ah, bl, bh):
+    return al + bl, ah + bh
+
+
+def _product_extremes(al, ah, bl, bh):
+    products = (al * bl, al * bh, ah * bl, ah * bh)
+    return min(products), max(products)
+
+
+def _nonzero_divisor(low: int, high: int) -> None:
+    if low <= 0 <= high:
+        raise _Inexact("a divisor that may be zero")
+
+
+def _quotient_extremes(al, ah, bl, bh):
+    """|a // b| <= |a| for every divisor b with |b| >= 1 (floor division, Python's)."""
+    _nonzero_divisor(bl, bh)
+    most = max(abs(al), abs(ah))
+    return -most, most
+
+
+def _python_mod_extremes(al, ah, bl, bh):
+    """Python's a % b has the divisor's sign and |a % b| < |b|."""
+    _nonzero_divisor(bl, bh)
+    most = max(abs(bl), abs(bh))
+    return -most, most
+
+
+def _mod_extremes(al, ah, bl, bh):
+    """torch.utils._sympy's `Mod` is defined for a >= 0 and b >= 1 only (there it equals Python's)."""
+    if al < 0 or bl < 1:
+        raise _Inexact("Mod outside a >= 0, b >= 1")
+    return 0, bh
+
+
+def _operands_extremes(al, ah, bl, bh):
+    """A comparison, a max or a min: its result is one of its operands' values (or a truth)."""
+    return min(al, bl), max(ah, bh)
+
+
+def _equal(want_equal: bool):
+    """sympy's Eq / Ne: on two integers (exact: _integer_op), or on two truths."""
+    integers = _integer_op(operator.eq if want_equal else operator.ne, _operands_extremes)
+
+    def apply(a, b):
+        if not (_is_truth(a) or _is_truth(b)):
+            return integers(a, b)
+        a, b = _truth(a), _truth(b)
+        if type(a) is bool and type(b) is bool:
+            return a == b if want_equal else a != b
+        return (torch.eq if want_equal else torch.ne)(torch.as_tensor(a), torch.as_tensor(b))
+    return apply
+
+
+def _logical(python, tensor):
+    """sympy's And / Or on two truths."""
+    def apply(a, b):
+        a, b = _truth(a), _truth(b)
+        if type(a) is bool and type(b) is bool:
+            return python(a, b)
+        return tensor(torch.as_tensor(a), torch.as_tensor(b))
+    return apply
+
+
+_EXACT_OPS = {
+    "Add": _integer_op(operator.add, _sum_extremes),
+    "Mul": _integer_op(operator.mul, _product_extremes),
+    "FloorDiv": _integer_op(operator.floordiv, _quotient_extremes),  # torch.floor_divide: floor, as Python's
+    "PythonMod": _integer_op(operator.mod, _python_mod_extremes),  # torch.remainder: the divisor's sign
+    "Mod": _integer_op(operator.mod, _mod_extremes),
+    "Max": _integer_op(lambda a, b: max(a, b) if type(a) is int else torch.maximum(a, b), _operands_extremes),
+    "Min": _integer_op(lambda a, b: min(a, b) if type(a) is int else torch.minimum(a, b), _operands_extremes),
+    "StrictLessThan": _integer_op(operator.lt, _operands_extremes),
+    "LessThan": _integer_op(operator.le, _operands_extremes),
+    "StrictGreaterThan": _integer_op(operator.gt, _operands_extremes),
+    "GreaterThan": _integer_op(operator.ge, _operands_extremes),
+    "Equality": _equal(True),
+    "Unequality": _equal(False),
+    "And": _logical(lambda a, b: a and b, torch.logical_and),
+    "Or": _logical(lambda a, b: a or b, torch.logical_or),
+}
 
 
 def _passed_into_a_region(item: torch.fx.Node) -> bool:
@@ -345,42 +591,6 @@ def _passed_into_a_region(item: torch.fx.Node) -> bool:
     the range."""
     region = _compat.invoke_subgraph_op()
     return region is not None and any(u.op == "call_function" and u.target is region for u in item.users)
-
-
-_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
-              "PythonMod": operator.mod, "Ne": operator.ne, "Equality": operator.eq, "Unequality": operator.ne,
-              "StrictLessThan": operator.lt, "LessThan": operator.le, "StrictGreaterThan": operator.gt,
-              "GreaterThan": operator.ge, "And": torch.logical_and, "Or": torch.logical_or, "Max": torch.maximum,
-              "Min": torch.minimum}
-
-
-def _evaluate(expr, value, call, is_value):
-    """The sympy expression `expr` of one symbol, `value` standing for it: operations on Python ints folded, every
-    other one made by `call(op, *args)` (a graph node, or a tensor op on the host); `is_value` tells what `call`
-    made from a folded int. The one spelling of the guards, for the proof's domain."""
-    import sympy
-
-    if expr is sympy.true or expr is sympy.false:
-        return bool(expr)
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Symbol:
-        return value
-    name = type(expr).__name__
-    if name == "Not":
-        return call(torch.logical_not, _evaluate(expr.args[0], value, call, is_value))
-    if name not in _SYMPY_OPS:
-        raise NotImplementedError(f"no spelling for {name} in {expr}")
-    args = [_evaluate(a, value, call, is_value) for a in expr.args]
-    result = args[0]
-    for other in args[1:]:
-        if not is_value(result) and not is_value(other):
-            result = _SYMPY_OPS[name](result, other)
-            continue
-        if not is_value(result) and name in ("Add", "Mul"):
-            result, other = other, result
-        result = call(_SYMPY_OPS[name], result, other)
-    return result
 
 
 def recheck_kept(graph: torch.fx.Graph) -> int:

@@ -2,11 +2,17 @@
 
 Two traces of one frame (a branch on a bounded max traced with each outcome, compile_pass.traced_ranges) are the
 same computation only where their FX graphs are the same AND the code Dynamo runs around the graph is the same:
-the attribute stores of its side effects (`self.flag = "even"`), the Python constants it returns or hands a
-resume function, which graph output goes where. An FX graph does not hold any of that; Dynamo's residual bytecode
-does. Dynamo generates the bytecode that follows the graph call (`PyCodegen` `pass2` in
-`OutputGraph.compile_subgraph`: side effects, then the stack and live locals rebuilt from the graph's outputs)
-before it calls the backend, so the backend can read it from that frame.
+  * before the graph call: what Dynamo builds there and hands the graph as an input (a `torch.nn.Parameter` of an
+    input, `_nn_param_via_prefix_insert`, and every other hoisted value: `OutputGraph.pregraph_bytecode`, read
+    here as part of `OutputGraph.output_instructions`), and the Python random calls it replays there
+    (`OutputGraph.random_calls`: `__gen_rand_values`, with arguments fixed at trace time and held in a closure,
+    in no instruction);
+  * after the graph call: the attribute stores of its side effects (`self.flag = "even"`), the Python constants it
+    returns or hands a resume function, which graph output goes where.
+An FX graph holds none of that; Dynamo's residual bytecode does. Dynamo generates the code before the graph call
+and the code that follows it (`PyCodegen` `pass2` in `OutputGraph.compile_subgraph`: side effects, then the stack
+and live locals rebuilt from the graph's outputs) before it calls the backend, so the backend can read both from
+that frame.
 
 Patch-free, but private, dated:
   * 2026-12-04, torch 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0: `OutputGraph.compile_subgraph` holds `reason`
@@ -14,15 +20,40 @@ Patch-free, but private, dated:
     `get_instructions()` is the code after the graph call) and `stack_values_flat`; on the fast path (no side
     effects, only distinct tensors on the stack) there is no `pass2` and the graph's outputs are the stack as
     they are. The guards are `OutputGraph.guards` (`Guard.name`, `Guard.create_fn_name()`) and the shape
-    environment's `guards` (`ShapeGuard.expr`, its symbols spelled by `var_to_sources`). Anywhere else `frame_residual()` is None and the caller refuses
-    to call two traces the same (the branch breaks the graph, as without the backend).
-Removed by: a Dynamo API that exposes the residual code (or a side-effect summary) to the backend.
+    environment's `guards` (`ShapeGuard.expr`, its symbols spelled by `var_to_sources`).
+  * 2026-12-05, torch 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0: while the backend runs, `OutputGraph
+    .output_instructions` is the code before the graph call and nothing else (compile_subgraph adds the frame's
+    prefix, `pregraph_bytecode`, the stolen lists' aliases and the random calls' replay, then calls the backend
+    from `compile_and_call_fx_graph`, then adds the graph call); `OutputGraph.random_calls` is a list of
+    `(fn, args, kwargs)`; `OutputGraph.global_scope` is the frame's globals (where `install_global` puts what the
+    code loads); a graph input's source is `OutputGraph.graphargs[i].source`, whose `guard_source` is
+    `GuardSource.RANDOM_VALUE` for a random call's value.
+Anywhere else `frame_residual()` is None and the caller refuses to call two traces the same (the branch breaks the
+graph, as without the backend).
+Removed by: a Dynamo API that exposes the code around the graph (or a side-effect summary) to the backend.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from typing import Callable, NamedTuple
+
+
+class FrameResidual(NamedTuple):
+    """What the frame Dynamo is compiling runs around its graph, as text, and what it runs under.
+
+    before: the code before the graph call (each instruction: name, argument, jump target), with any frame prefix.
+    after: why the graph ends there, then the code after the graph call.
+    guards: the guards the compiled code will run under.
+    uncompared: what runs around the graph that `before` and `after` do not hold (Python random calls replayed
+        before the graph, their arguments in a closure; a graph input that is such a call's value), one line each;
+        a trace with any is never the same computation as another."""
+
+    before: str
+    after: str
+    guards: frozenset
+    uncompared: tuple
 
 
 def _compile_subgraph_frame():
@@ -36,22 +67,50 @@ def _compile_subgraph_frame():
     return None
 
 
-def _argument(inst) -> str:
-    value = getattr(inst, "argval", None)
-    if type(value).__name__ == "_NotProvided" or (isinstance(value, type) and value.__name__ == "_NotProvided"):
-        value = getattr(inst, "arg", None)
-    return repr(value)
+def _not_provided(value) -> bool:
+    return type(value).__name__ == "_NotProvided" or (isinstance(value, type) and value.__name__ == "_NotProvided")
 
 
-def frame_residual() -> tuple[str, frozenset] | None:
-    """(code, guards) of the frame Dynamo is compiling now. `code`: what Dynamo runs after the graph, as text
-    (each instruction's name and argument; constants by repr, so an object without a value repr never compares
-    equal) with why the graph ends there. `guards`: the guards the compiled code will run under (each of
-    Dynamo's by source and kind, with the counters Dynamo appends to global names dropped; each shape guard by
-    expression). Two traces of one call read the same values, so the same guard is the same condition. None where
-    it cannot be read: not inside Dynamo's compile of a subgraph, a torch whose compile_subgraph does not hold
-    these locals, or a graph that ends at a graph break (the call of the resume function and what it is handed
-    are generated after the backend returns: not readable here, so never compared)."""
+def _instructions(instructions: list, spell: Callable[[object], str], global_scope: dict) -> list[str]:
+    """Each instruction as text that says everything it does: its name; its numeric argument; its argument value
+    by `spell` (a constant of LOAD_CONST: a plain literal by value, any other object by identity); for a global
+    it loads, the object the name is bound to now (Dynamo installs globals under names made of counters and
+    ids, which two traces may share for different objects); its jump target and exception-table entry by
+    position in the list (a jump's argument value does not say where it goes)."""
+    position = {id(inst): n for n, inst in enumerate(instructions)}
+
+    def at(inst) -> str:
+        return f"#{position[id(inst)]}" if id(inst) in position else "outside"
+
+    lines = []
+    for inst in instructions:
+        arg, argval = getattr(inst, "arg", None), getattr(inst, "argval", None)
+        words = [inst.opname]
+        if isinstance(arg, int) and not _not_provided(arg):
+            words.append(f"arg={arg}")
+        if not _not_provided(argval):
+            words.append(spell(argval))
+        if inst.opname == "LOAD_GLOBAL" and isinstance(argval, str):
+            words.append("= " + (spell(global_scope[argval]) if argval in global_scope else "unbound here"))
+        if getattr(inst, "target", None) is not None:
+            words.append("-> " + at(inst.target))
+        entry = getattr(inst, "exn_tab_entry", None)
+        if entry is not None:
+            words.append(f"except [{at(entry.start)}, {at(entry.end)}] -> {at(entry.target)} depth={entry.depth} "
+                         f"lasti={entry.lasti}")
+        lines.append(" ".join(words))
+    return lines
+
+
+def frame_residual(spell: Callable[[object], str]) -> FrameResidual | None:
+    """The FrameResidual of the frame Dynamo is compiling now, with each constant and each bound global written by
+    `spell` (the caller decides when two objects are the same: compile_pass.traced_ranges writes plain literals by
+    value and anything else by identity). `guards`: each of Dynamo's by source and kind, with the counters
+    Dynamo appends to global names dropped; each shape guard by expression. Two traces of one call read the same
+    values, so the same guard is the same condition. None where it cannot be read: not inside Dynamo's compile
+    of a subgraph, a torch whose compile_subgraph or OutputGraph does not hold these, or a graph that ends at a
+    graph break (the call of the resume function and what it is handed are generated after the backend
+    returns: not readable here, so never compared)."""
     try:
         frame = _compile_subgraph_frame()
         if frame is None:
@@ -64,20 +123,46 @@ def frame_residual() -> tuple[str, frozenset] | None:
         if stack is None:
             return None
         output = found["self"]
+        global_scope = output.global_scope
         guards = {f"{_COUNTER.sub('___', g.name)} {g.create_fn_name()}" for g in output.guards}
         shape_env = getattr(output, "shape_env", None)
         guards |= {f"shape {_sourced(g.expr, shape_env)}" for g in getattr(shape_env, "guards", None) or ()}
-        lines = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}"]
+        before = _instructions(list(output.output_instructions), spell, global_scope)
+        after = [f"ends at: {reason.reason!r}", f"stack and locals: {len(stack)}"]
         pass2 = found.get("pass2")
         if pass2 is None:
             if "graph_output_var" in found and found["graph_output_var"] is not None:
                 return None  # the general path without its codegen: another torch
-            lines.append("the graph's outputs, as they are")  # the fast path: no side effects, tensors only
+            after.append("the graph's outputs, as they are")  # the fast path: no side effects, tensors only
         else:
-            lines += [f"{inst.opname} {_argument(inst)}" for inst in pass2.get_instructions()]
-        return "\n".join(lines), frozenset(guards)
+            after += _instructions(pass2.get_instructions(), spell, global_scope)
+        return FrameResidual("\n".join(before), "\n".join(after), frozenset(guards), _uncompared(output))
     except Exception:  # a torch whose locals differ: nothing read
         return None
+
+
+def _uncompared(output) -> tuple:
+    """What the frame runs around its graph that its instructions do not hold: Dynamo replays the Python random
+    calls it traced in one function called before the graph (`__gen_rand_values`, a fresh closure over
+    `random_calls` each trace), whose arguments are fixed at trace time; their values reach the graph as inputs
+    whose source is a random value. A graph input without a source is listed too (the signature spells each
+    input by its source)."""
+    from torch._guards import GuardSource
+
+    lines = []
+    if output.random_calls:
+        lines.append(f"{len(output.random_calls)} Python random call(s) replayed before the graph with the "
+                     f"arguments they were traced with")
+    for index, grapharg in enumerate(output.graphargs):
+        source = grapharg.source
+        if source is None:  # fed by nothing the signature spells (placeholders are spelled by source)
+            lines.append(f"the graph input #{index} has no source")
+            continue
+        kind = source.guard_source() if callable(source.guard_source) else source.guard_source
+        if kind == GuardSource.RANDOM_VALUE:
+            lines.append(f"the graph input {source.name() if callable(source.name) else source.name} is a random "
+                         f"call's value")
+    return tuple(lines)
 
 
 def _sourced(expr, shape_env) -> str:
