@@ -18,6 +18,14 @@ What gets a range, and why it is sound:
     lengths name: `seq_lens`, `seq_lens_cpu`, a name of `cpu_mirrors`, or a key of `length_bounds`; the bound is
     `length_bounds[name]` when declared, else max_context_len. Nothing else (a max of an intermediate, of a sum,
     of another input) gets one;
+  * only the max of the lengths as the call passed them in (the contract is on the inputs): in the call's first
+    frame (FrameEntry.first: entered by torch.compile's wrapper, not by code of the call: a frame resumed after a
+    graph break, a function Dynamo compiles on its own, a recursive call of the compiled function get none), and
+    only where no node of the graph built so far before the `.item()` may write the lengths, an alias of them, the
+    max's result, another graph input (Dynamo does not guard on aliasing between inputs) or memory the write log
+    cannot place (_written_before: compile_pass.mutations' default-deny log, the graph side's allow-list). A max
+    refused there is traced as without the backend; the log and the report of the graph break say why
+    (undecided_branches);
   * `torch._check` on the fake value makes Dynamo record two deferred runtime asserts, which it puts in the graph
     as `_assert_scalar(u0 >= 0)` / `_assert_scalar(u0 <= bound)`. The backend takes them out before the pass
     (`strip_range_asserts`: they are the backend's bookkeeping, not the user's) and, after the pass:
@@ -25,15 +33,16 @@ What gets a range, and why it is sound:
         every length in [0, bound]) covers the range; with `checked=False` the range is the user's promise, as
         the rewrite itself is;
       - a max the pass kept that Dynamo passed into a compiled region (with the range it hands the region the
-        max itself, not a fresh width symbol the rules read), in the compiled function's own frame on the first
-        attempt, has the frame traced again without the range (`Retrace`), as Dynamo traces it by itself; kept
-        there too, it is traced a third time with the range only, for good;
+        max itself, not a fresh width symbol the rules read), in the call's first frame (nothing of the call ran)
+        on the first attempt, has the frame traced again without the range (`Retrace`), as Dynamo traces it by
+        itself; kept there too, it is traced a third time with the range only, for good;
       - any other kept max gets the two asserts back, right after its
         `.item()` (`recheck_kept`): a host check of a value already on the host, so the kept graph never runs on
         an assumption it did not check.
 A branch of the user's code whose outcome differs inside the range (TRTLLM-MLA's `if blocks % lcm != 0`, False at
 m = 0 only) is traced with the outcome it has at the bound, where all of this holds: `checked=True`, the frame
-Dynamo traces is the compiled function's own (nothing of the call has run yet), and the condition's one symbol is
+Dynamo traces is the call's first frame, of the compiled function's own code (FrameEntry.retraceable: nothing of
+the call has run yet, and a Retrace re-runs exactly that call), and the condition's one symbol is
 such a ranged max. Dynamo records the outcome as a runtime assertion; the backend takes it out before the pass
 and never puts it back (a valid length must not raise: issue 45), then (traced_ranges.settle_at_bound):
   - the pass rewrote the max: the frame is traced again with the branch's other outcome (mode "other", where no
@@ -59,6 +68,7 @@ Only `compile_pass.compile` (and the callers that enter `bounded_maxima`) give t
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.fx
@@ -66,18 +76,22 @@ import torch.fx
 from . import _compat, bounds, traceable
 from .find_sync_points import attribute_name
 from .fx_util import node_location
+from .log import log
+from .mutations import WriteLog
+from .normalize import max_nodes
 from .traced_ranges import AT_BOUND, FIRST, META, OTHER, UNRANGED, Retrace, implied_outcome, lengths_of
-
 
 
 class TracingPolicy:
     """The bounds the backend may give while Dynamo traces one compiled function, from the backend's options.
 
-    `root_code`: the code object of the compiled function. While Dynamo compiles that frame nothing of the call
-    has run yet, so the backend may have it traced again (Retrace). `modes` is where each `.item()` line is on
-    the way there: absent (the range, and a differing branch traced at the bound under `checked=True`),
-    "other" (the same, with that branch's other outcome: `evidence[line]` is the first trace's rewritten graph),
-    "unranged" (the frame as Dynamo traces it without the backend), "final" (the range only, for good)."""
+    `root_code`: the code object of the compiled function. Where Dynamo compiles the call's first frame
+    (FrameEntry.retraceable: nothing of the call has run yet) and that frame has this code, the backend may have
+    it traced again (Retrace); a nested frame of the same code (a recursive call after a graph break) is not it.
+    `modes` is where each `.item()` line is on the way there: absent (the range, and a differing branch traced at
+    the bound under `checked=True`), "other" (the same, with that branch's other outcome: `evidence[line]` is the
+    first trace's rewritten graph), "unranged" (the frame as Dynamo traces it without the backend), "final" (the
+    range only, for good)."""
 
     def __init__(self, opts, root_code=None):
         self.options = opts
@@ -86,6 +100,7 @@ class TracingPolicy:
         self.modes: dict[str, str] = {}
         self.evidence: dict = {}  # line -> the TraceSignature of the bound's outcome (mode "other")
         self.why: dict[str, str] = {}  # line -> why a branch on its max breaks the graph (mode "final")
+        self.denied: dict[str, str] = {}  # line -> why its max was traced without the range (_range_refusal)
 
     @classmethod
     def from_options(cls, opts, fn=None) -> "TracingPolicy":
@@ -112,17 +127,155 @@ def lengths_bound(item: torch.fx.Node, policy: TracingPolicy) -> tuple[int, str]
     return policy.bound_of(attribute_name(_compat.placeholder_source_name(source)))
 
 
+class FrameEntry:
+    """How the frame Dynamo is compiling was entered, recorded where Dynamo starts compiling it (_on_frame_record).
+
+    `first`: the frame is the outermost frame of a call of the compiled function, entered by torch.compile's own
+    wrapper (its caller is no frame of the user's code): nothing of that call has run, so its inputs are the call's
+    arguments as they came in, which is all the contract speaks of. A frame resumed after a graph break, a function
+    Dynamo compiles on its own because the caller could not inline it, a recursive call of the compiled function:
+    code of the call ran before each (it may have written the lengths, or passed other values under their name),
+    so none is first. `retraceable`: first, and the call is the innermost `call_retracing`'s own (its caller is
+    that frame): a Retrace raised while it compiles re-runs exactly that call, of which nothing has run."""
+
+    __slots__ = ("first", "retraceable", "why")
+
+    def __init__(self, first: bool, retraceable: bool, why: str = ""):
+        self.first, self.retraceable, self.why = first, retraceable, why
+
+
+_FRAMES: list[FrameEntry] = []  # one per frame Dynamo is compiling while a call traces (the innermost last)
+_ENTERED: list = []  # the frames that entered an active bounded_maxima themselves (they call the compiled function)
+
+
+def _frame_entry() -> FrameEntry:
+    """The FrameEntry of the frame Dynamo is about to compile (called from the frame-compile hook)."""
+    found = _compat.compiling_frame_entry()
+    if found is None:
+        return FrameEntry(False, False, "where Dynamo compiles this frame could not be read on this torch")
+    through_wrapper, outer = found
+    where = "the top of the stack" if outer is None else \
+        f"{outer.f_code.co_name} ({os.path.basename(outer.f_code.co_filename)}:{outer.f_lineno})"
+    if not through_wrapper:
+        return FrameEntry(False, False, f"Dynamo traces a frame that {where} called (resumed after a graph break, "
+                                        "not inlined, or a recursive call), not the compiled function's call "
+                                        "itself: code of the call ran before it, so the lengths it reads need "
+                                        "not be the call's inputs as they came in")
+    if outer is not None and outer.f_code is call_retracing.__code__:
+        return FrameEntry(True, True)
+    if outer is not None and any(outer is entered for entered in _ENTERED):
+        return FrameEntry(True, False)
+    return FrameEntry(False, False, f"Dynamo traces a compiled function that {where} called inside the call, not "
+                                    "the call itself: its inputs need not be the call's inputs as they came in")
+
+
+@contextlib.contextmanager
+def _recorded(entry: FrameEntry):
+    _FRAMES.append(entry)
+    try:
+        yield
+    finally:
+        _FRAMES.pop()
+
+
+def _on_frame_record():
+    """A frame-compile hook: while a call traces, the FrameEntry of each frame Dynamo compiles, for its whole
+    compile (computed here, where the frame-compile wrapper is on the stack)."""
+    if not (_CALLS or _ACTIVE):
+        return None
+    return _recorded(_frame_entry())
+
+
+def _storage_keys(nodes) -> set:
+    keys = set()
+    for node in nodes:
+        value = _compat.example_value(node)
+        if isinstance(value, torch.Tensor):
+            keys.add(_compat.storage_id(value))
+    return keys
+
+
+def _written_before(item: torch.fx.Node, source: torch.fx.Node) -> str | None:
+    """Why the value `item` reads may not be the max of the lengths input `source` as the call passed it in, or
+    None. The graph Dynamo has built so far holds everything the frame did before this `.item()` (a tensor op
+    Dynamo cannot put in the graph breaks it, ending the frame's graph); each of its nodes is judged by
+    compile_pass.mutations' default-deny write log (the graph side's one allow-list). A node before the `.item()`
+    may write only memory the graph allocated itself: a write that may reach the lengths (a view of them, another
+    input sharing their storage), the max's result, another graph input (Dynamo does not guard on aliasing between
+    inputs: it may be the lengths' memory in a later call) or memory the log cannot place refuses the range."""
+    graph = item.graph
+    writes = WriteLog(graph)
+    protected = _storage_keys([source])
+    receiver = item.args[0] if item.args else None
+    if isinstance(receiver, torch.fx.Node):
+        protected |= _storage_keys([receiver, *max_nodes(receiver)])
+    inputs: dict = {}
+    unplaced = None  # a get_attr of the graph whose memory is not known (not a tensor, not a region's body)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            for key in _storage_keys([node]):
+                inputs.setdefault(key, node)
+        elif node.op == "get_attr":
+            keys = _storage_keys([node])
+            for key in keys:
+                inputs.setdefault(key, node)
+            if not keys and not all(isinstance(u.target, torch._ops.HigherOrderOperator) for u in node.users):
+                unplaced = unplaced or node
+    position = writes.order.get(item)
+    if position is None:
+        return "the .item() is not in the graph Dynamo is building"
+    for at, writer, keys in writes.writes:
+        if at >= position:
+            break
+        what = f"{writer.op} {getattr(writer.target, '__name__', writer.target)} at {node_location(writer)}"
+        for key in keys:
+            if key is None:
+                return f"{what} may write memory that the write log cannot place (default deny: it may be the " \
+                       "lengths), before the max"
+            if key in protected:
+                return f"{what} may write the lengths (or a view of them, or the max's result) before the max: " \
+                       "the max is then not the max of the lengths the call passed in"
+            if key in inputs:
+                return f"{what} writes the graph input {inputs[key].name} before the max, which may share memory " \
+                       "with the lengths when the step runs (Dynamo does not guard on aliasing between inputs)"
+            if unplaced is not None:
+                return f"{what} writes memory before the max, and the graph reads {unplaced.name} whose memory " \
+                       "is not known (it may be the lengths)"
+    return None
+
+
+def _range_refusal(item: torch.fx.Node, source: torch.fx.Node) -> str | None:
+    """Why the max read by `item` gets no range while Dynamo traces (it is traced as without the backend), or
+    None: the frame must be the first of the call (FrameEntry) and nothing before the `.item()` may have written
+    the lengths (_written_before). Default deny: a frame whose entry was not recorded gets none."""
+    entry = _FRAMES[-1] if _FRAMES else None
+    if entry is None:
+        return "the frame Dynamo traces was not recorded where its compile started (no frame-compile hook)"
+    if not entry.first:
+        return entry.why
+    return _written_before(item, source)
+
+
 def _on_item(item: torch.fx.Node, value, root_code) -> None:
     """A captured `.item()`: a full max of declared lengths becomes rangeable (the range itself is given only
-    where a branch of the user's code needs it: `_on_guard`)."""
+    where a branch of the user's code needs it: `_on_guard`), in the first frame of the call and only where
+    nothing before it may have written the lengths (_range_refusal); otherwise it is traced as without the
+    backend, and the reason is kept for the report (undecided_branches) and the log."""
     if not _ACTIVE or _compat.symbol_of(value) is None or not isinstance(value, torch.SymInt):
         return
     policy = _ACTIVE[-1]
     found = lengths_bound(item, policy)
     if found is None:
         return
-    root = root_code is not None and root_code is policy.root_code
     line = node_location(item)
+    refused = _range_refusal(item, lengths_of(item))
+    if refused is not None:
+        policy.denied[line] = refused
+        log.info("syncfree: the max at %s is traced without its range [0, %d]: %s", line, found[0], refused)
+        return
+    policy.denied.pop(line, None)
+    entry = _FRAMES[-1]
+    root = entry.retraceable and root_code is not None and root_code is policy.root_code
     mode = policy.modes.get(line)
     if mode == "unranged":
         if root:
@@ -193,10 +346,13 @@ def bounded_maxima(policy: TracingPolicy):
     _compat.on_data_dependent_guard(_on_guard)
     _compat.on_user_class_call(_on_class_call)
     _compat.on_disabled_call(_on_disabled_call)
+    _compat.on_frame_compile(_on_frame_record)
     _ACTIVE.append(policy)
+    _ENTERED.append(_entering_frame())
     try:
         yield
     finally:
+        _ENTERED.pop()
         _ACTIVE.pop()
         if not _ACTIVE:
             _AT_BOUND.clear()
@@ -214,11 +370,22 @@ def _on_frame_compile():
 
 
 def hook_frame_compiles() -> bool:
-    """Install (once) the hook that enters the innermost call's tracing context where Dynamo compiles a frame;
-    False on a torch where it cannot be installed (call_traced then enters the context around every call)."""
-    if not _HOOKED and _compat.on_frame_compile(_on_frame_compile):
+    """Install (once) the hook that enters the innermost call's tracing context where Dynamo compiles a frame,
+    after the one that records how that frame was entered (_on_frame_record); False on a torch where they cannot
+    be installed (call_traced then enters the context around every call, and no frame gets a range)."""
+    if not _HOOKED and _compat.on_frame_compile(_on_frame_record) and _compat.on_frame_compile(_on_frame_compile):
         _HOOKED.append(True)
     return bool(_HOOKED)
+
+
+def _entering_frame():
+    """The frame whose `with` statement entered bounded_maxima (past contextlib's frames), or None."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == contextlib.__file__:
+        frame = frame.f_back
+    return frame
 
 
 def call_traced(compiled, policy: TracingPolicy, context, /, *args, **kwargs):
@@ -240,8 +407,8 @@ def call_traced(compiled, policy: TracingPolicy, context, /, *args, **kwargs):
 
 def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
     """`compiled(*args, **kwargs)`; where the backend asks for it (Retrace, raised while Dynamo compiles the
-    compiled function's own frame: nothing of the call has run), the call again with those lines' next mode.
-    A line goes from the range (with a differing branch at the bound) to the range only, or to no range (a max
+    call's first frame, FrameEntry.retraceable: nothing of the call has run), the call again with those lines' next
+    mode. A line goes from the range (with a differing branch at the bound) to the range only, or to no range (a max
     passed into a compiled region: what Dynamo traces by itself, which the pass may rewrite) and then, if kept
     there too, to the range only, for good."""
     try:
@@ -271,8 +438,11 @@ def undecided_branches() -> list[str]:
     "the max at LINE has a branch ...": what the backend adds to such a graph break's report."""
     if not _ACTIVE:
         return []
+    policy = _ACTIVE[-1]
     return [f"the max at {line} has a branch whose outcome differs inside [0, bound], not decided: {why}"
-            for line, why in sorted(_ACTIVE[-1].why.items()) if _ACTIVE[-1].modes.get(line) == "final"]
+            for line, why in sorted(policy.why.items()) if policy.modes.get(line) == "final"] + \
+           [f"the max at {line} was traced without its range [0, bound]: {why}"
+            for line, why in sorted(policy.denied.items())]
 
 
 def _on_class_call(tx, cls, args, kwargs):

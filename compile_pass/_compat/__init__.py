@@ -43,5 +43,6 @@ from .dynamo_hooks import (  # noqa: F401
     on_user_class_call, on_disabled_call, disabled_target, constant_of, python_type_of, list_items_of,
     is_tensor_variable, constant_variable,
     trace_call, build_struct, struct_variable, class_attribute, NOT_IN_CLASS,
-    struct_model_unfit, _FRAME_COMPILE_HOOKS, on_frame_compile, ALLOCATION_BREAK, break_where_dynamo_cannot_allocate,
+    struct_model_unfit, _FRAME_COMPILE_HOOKS, on_frame_compile, compiling_frame_entry, ALLOCATION_BREAK,
+    break_where_dynamo_cannot_allocate,
 )

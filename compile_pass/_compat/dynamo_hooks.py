@@ -31,12 +31,20 @@ tests/test_tracing.py passed on that torch (PyPI's builds for 2.11.0, 2.12.1, 2.
   * on_frame_compile wraps torch._dynamo.convert_frame.ConvertFrameAssert.__call__ (issue 43: what a call of
     compile_pass.compile gives Dynamo is entered where Dynamo compiles a frame, not around every call). Checked on
     2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0. Removed when Dynamo offers a per-compile context hook to a backend.
+  * compiling_frame_entry (read, not patched; 2026-12-06) walks the Python stack from the frame-compile wrapper
+    above: past Dynamo's callback chain (the frames of torch/_dynamo/convert_frame.py) to the caller of the frame
+    being compiled (on CPython 3.11+ that frame is not linked into the stack yet while Dynamo compiles it), then past
+    torch.compile's wrapper (torch/_dynamo/eval_frame.py) and nn.Module's call of a module without forward
+    pre-hooks (a compiled module's forward). Checked on 2.11.0, 2.13.0, 2.15.0 (tests/test_tracing.py,
+    tests/relations/test_trace_time_frames.py). Removed when Dynamo tells a hook whether the frame it compiles is
+    the outermost frame of a compiled call.
 tests/test_hook_versions.py has a test per hook that fails when the hook stops seeing what it models on the
 installed torch (CI: 2.13; `make test-versions`: 2.11 and 2.15); tests/test_compat.py tests each function alone.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -178,6 +186,7 @@ def on_frame_compile(hook) -> bool:
     if hook not in _FRAME_COMPILE_HOOKS:
         _FRAME_COMPILE_HOOKS.append(hook)
     if getattr(owner.__call__, "_syncfree_compile_hook", False):
+        _COMPILE_WRAPPER_CODE[:] = [owner.__call__.__code__]
         return True
     original = owner.__call__
 
@@ -195,7 +204,75 @@ def on_frame_compile(hook) -> bool:
     __call__._syncfree_compile_hook = True  # type: ignore[attr-defined]
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     owner.__call__ = __call__
+    _COMPILE_WRAPPER_CODE[:] = [__call__.__code__]
     return True
+
+
+_COMPILE_WRAPPER_CODE: list = []  # the code object of on_frame_compile's wrapper, once installed
+
+
+def compiling_frame_entry():
+    """Called from a hook of on_frame_compile (inside the wrapper, before Dynamo traces): how the frame Dynamo is
+    about to compile was entered, as (through_wrapper, outer):
+      - through_wrapper: True where its callers up to the first other frame are torch.compile's own wrapper
+        (torch/_dynamo/eval_frame.py) and, for a compiled module, nn.Module's call of a module without forward
+        pre-hooks (_calls_through), i.e. the frame is the outermost frame of a call of a compiled function (nothing
+        of that call has run yet);
+        False where its caller is any other frame (user code: a frame resumed after a graph break, a function
+        the caller could not inline, a recursive call);
+      - outer: the first frame above the caller and torch.compile's wrapper frames (through_wrapper True: whoever
+        called the compiled function), or the caller itself (through_wrapper False); None at the stack's top.
+    None where the wrapper is not on the stack (not called from a frame-compile hook) or not installed.
+    Frames are returned, not kept: the caller reads them at once."""
+    import sys
+
+    from torch._dynamo import convert_frame, eval_frame
+
+    if not _COMPILE_WRAPPER_CODE:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not _COMPILE_WRAPPER_CODE[0]:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    frame = frame.f_back
+    callback = _source_file(convert_frame)
+    while frame is not None and _source_file(frame) == callback:  # Dynamo's callback chain: ConvertFrame, ...
+        frame = frame.f_back
+    caller, through_wrapper = frame, False
+    while frame is not None and _calls_through(frame):
+        through_wrapper = through_wrapper or _source_file(frame) == _source_file(eval_frame)
+        frame = frame.f_back
+    return (True, frame) if through_wrapper else (False, caller)
+
+
+def _calls_through(frame) -> bool:
+    """Is `frame` one that only passes a call on, running no user code before it: torch.compile's wrapper
+    (torch/_dynamo/eval_frame.py), or nn.Module's call (`_wrapped_call_impl`, `_call_impl`) of a module with no
+    forward pre-hook of its own and none global (a compiled module's forward is entered through both)?"""
+    from torch._dynamo import eval_frame
+    from torch.nn.modules import module
+
+    where = _source_file(frame)
+    if where == _source_file(eval_frame):
+        return True
+    if where != _source_file(module) or frame.f_code.co_name not in ("_wrapped_call_impl", "_call_impl"):
+        return False
+    owner = frame.f_locals.get("self")
+    return isinstance(owner, torch.nn.Module) and not getattr(owner, "_forward_pre_hooks", True) \
+        and not getattr(module, "_global_forward_pre_hooks", True)
+
+
+def _source_file(thing) -> str:
+    name = thing.f_code.co_filename if hasattr(thing, "f_code") else (getattr(thing, "__file__", None) or "")
+    return _real_path(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _real_path(name: str) -> str:
+    import os
+
+    return os.path.normcase(os.path.realpath(name))
 
 
 # -- constructs that break the trace before any max (issue 30, item 3) ----------------------------------------
