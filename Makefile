@@ -64,7 +64,8 @@ test: $(VENV)/.installed $(VENV)/.sglang-installed
 # reruns in subprocesses. What stays: the rules, the other relations, the tracing hooks, the pipeline, the kernels,
 # the reports and options. Its time is in the README ("Quick start").
 FAST_SKIP := --ignore=tests/suites --ignore=tests/sglang --ignore=tests/relations/test_branch_outcomes.py \
-	--ignore=tests/relations/test_trace_time_breaks.py --ignore=tests/test_entry_points.py \
+	--ignore=tests/relations/test_trace_time_breaks.py --ignore=tests/relations/test_trace_time_frames.py \
+	--ignore=tests/relations/test_trace_signature_holes.py --ignore=tests/test_entry_points.py \
 	--ignore=tests/test_outline_repeats.py --ignore=tests/test_hook_versions.py \
 	--ignore=tests/test_benchmark_helpers.py --ignore=tests/test_cli.py --ignore=tests/test_tp.py \
 	--ignore=tests/kernels/test_triton_interpreter.py -m "not inductor" -k "not under_the_interpreter"

@@ -10,9 +10,11 @@ the pipeline's state and returns how many changes it made (0: the graph is as it
         respell_widths           a width Dynamo spelled as an expression of the ranged max, read back as sym_size
         rules                    SyncPass: find the host reads, prove every plan on the untouched graph, rewrite
         settle_at_bound          a kept max of the root frame: trace again (Retrace); a rewritten one traced at
-                                 the bound: its branch outcomes as device assertions
+                                 the bound: traced again with the other outcome, kept only where the two traces
+                                 are one computation (no outcome is asserted)
         recheck_kept             a kept ranged max: its range checked again on the host, after its `.item()`
-        decide_cudagraphs        CUDA graphs off for a graph that keeps a host read or a data-dependent size
+        decide_cudagraphs        CUDA graphs off for a graph that keeps a host read or a data-dependent size, or
+                                 that allocates a scratch it stores for later steps
         outline_repeats          an outlined twin of the graph (option outline_repeats), compiled first
     )
 
@@ -39,6 +41,10 @@ from .sync_pass import PassResult, SyncPass
 
 CUDAGRAPHS_OFF = ("cudagraphs: off for this graph, which keeps a host read or a data-dependent size "
                   "(CUDA graphs cannot hold one); it runs without CUDA graphs")
+CUDAGRAPHS_SCRATCH = ("cudagraphs: off for this graph, which allocates a scratch the step stores for later steps "
+                      "(grown from None or regrown): under CUDA graphs it would live in the graph's memory pool, "
+                      "which the next replay reuses; the later steps' graph, which takes the scratch as an input, "
+                      "keeps CUDA graphs")
 CUDAGRAPHS_ON_CPU = ("cudagraphs: no effect on this graph, whose tensors are all on the CPU (CUDA graphs record "
                      "CUDA work only)")
 OUTLINED_NOTHING = ("outline_repeats: no effect on this graph: no stretch of it repeats with the same ops on "
@@ -103,6 +109,12 @@ def decide_cudagraphs(gm: torch.fx.GraphModule, state: PipelineState) -> int:
         # reduce-overhead does, with `NameError: buf2`), so this graph runs without them.
         state.patches.pop("triton.cudagraphs", None)
         state.notes.append(CUDAGRAPHS_OFF)
+    elif state.options.cudagraphs and state.result is not None and state.result.allocated_scratch:
+        # Found on the H200 (2026-12-05): the scratch stored from the first call's graph was that graph's output in
+        # the CUDA-graph pool, overwritten by the next replay ("accessing tensor output of CUDAGraphs that has been
+        # overwritten by a subsequent run"). This graph runs once per growth, so without CUDA graphs costs little.
+        state.patches.pop("triton.cudagraphs", None)
+        state.notes.append(CUDAGRAPHS_SCRATCH)
     elif state.options.cudagraphs and not _on_cuda(gm):
         state.notes.append(CUDAGRAPHS_ON_CPU)
     return 0

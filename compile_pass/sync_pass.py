@@ -43,6 +43,9 @@ class PassResult:
     # inputs of the CUDA graph when it keeps CUDA graphs on.
     static_inputs: list = dataclasses.field(default_factory=list)
     static_names: list = dataclasses.field(default_factory=list)
+    # An applied rewrite allocates a scratch that the step stores for later steps (a plan's `allocated_scratch`):
+    # the backend runs this graph without CUDA graphs, whose memory pool the next replay would reuse under it.
+    allocated_scratch: bool = False
 
 
 def _item(point: SyncPoint, reason: str, code: str = "", rule: str = "") -> SyncItem:
@@ -101,6 +104,7 @@ class SyncPass:
             result.rewritten.append(_item(point, reason, "", rule.name))
             disjoint |= plan.disjoint
             static |= getattr(plan, "static_inputs", frozenset())
+            result.allocated_scratch |= getattr(plan, "allocated_scratch", False)
         self._host_copies(graph, points, mirrors, result)
         # What is really left: a rewrite that left a host read behind must not be counted as removed.
         for point in find_sync_points(graph, mirrors):

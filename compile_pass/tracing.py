@@ -47,7 +47,7 @@ such a ranged max. Dynamo records the outcome as a runtime assertion; the backen
 and never puts it back (a valid length must not raise: issue 45), then (traced_ranges.settle_at_bound):
   - the pass rewrote the max: the frame is traced again with the branch's other outcome (mode "other", where no
     second branch is decided); where both traces are one computation (the same rewritten graph over the same
-    inputs, and the same code after it: traced_ranges.frame_signature), that graph gives eager's values for
+    inputs, the same code before and after it, no Python random calls: traced_ranges.frame_signature), that graph gives eager's values for
     every max in the range (each trace is eager's computation for the maxima that take its outcome, and each
     rewrite is proven for them) and is kept with no assertion;
   - otherwise (the graphs differ, several branches or maxima, the max kept): the frame is traced again with the

@@ -5,7 +5,8 @@
     inductor      compile_fx, Inductor's config and compile workers, CUDA-graph static inputs, logging
     caches        compile caches and AOT precompile
     regions       compiled regions (invoke_subgraph) and their schema cache
-    residual      the code Dynamo runs after the graph it is compiling (read, not patched)
+    residual      the code Dynamo runs around the graph it is compiling, before and after its call (read, not
+                  patched)
 
 Each module's docstring lists the patches it installs, each dated: the torch versions it was checked on and what
 would remove it. Nothing here imports the rest of compile_pass (tests/test_architecture.py checks it): this

@@ -107,6 +107,12 @@ class AllocatedTablePlan:
     # writes in place, only through their bounded writer. Under CUDA graphs the backend makes them static inputs,
     # so that the graph writes the caller's buffer as eager does (sync_pass.PassResult.static_inputs).
     static_inputs: frozenset = frozenset()
+    # A scratch allocated in the graph and stored for later steps (grown from None, or regrown: the table leaves
+    # as a full view of its allocation or through a covering width). Under CUDA graphs such an output would live
+    # in the graph's memory pool, which the next replay reuses; the backend runs this graph without CUDA graphs
+    # (sync_pass.PassResult.allocated_scratch), and the later steps' graph, which takes the scratch as an input,
+    # with them.
+    allocated_scratch: bool = False
 
 
 # -- the proof --------------------------------------------------------------------------------------------
@@ -463,9 +469,10 @@ class _Walk(HostMaxWalk):
         touches |= {c for c, _, _ in self.bounds}
         scratch = frozenset(t.allocation.args[0] for t in self.tables
                             if t.sliced and t.allocation.args[0].op == "placeholder")
+        allocated_scratch = any(t.escapes and (t.aliases or t.covers) for t in self.tables)
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
-                                  frozenset(self.disjoint), scratch)
+                                  frozenset(self.disjoint), scratch, allocated_scratch)
 
 
 def _full_view(view: torch.fx.Node, allocation: torch.fx.Node) -> bool:

@@ -848,6 +848,29 @@ def test_a_scratch_grown_from_none_reaches_the_static_width_in_the_first_compile
     assert len(regrown) == 1, "\n".join(map(str, reports))  # five rows: `max(n, buf.shape[1])` covered
 
 
+def test_under_cudagraphs_the_graph_that_allocates_the_scratch_runs_without_them():
+    """Found on the H200 (2026-12-05): the first call's graph stored its allocation as the scratch, an output in
+    the CUDA-graph pool that the next replay overwrote ("accessing tensor output of CUDAGraphs that has been
+    overwritten by a subsequent run"). A graph that allocates a scratch it stores (grown from None, or regrown
+    for more rows) asks for no CUDA graphs, and says why; the graphs that slice the stored scratch keep them."""
+    from compile_pass.pipeline import CUDAGRAPHS_SCRATCH
+
+    bound = 4096
+    compiled_state, eager_state = Scratch(), Scratch()
+    compiled, backend = compile_traced(grown_step(compiled_state), dynamic=False, max_context_len=bound,
+                                       static_escapes=True, cudagraphs=True)
+    eager = grown_step(eager_state)
+    for n, lengths in enumerate([[1, 1, 1], [bound, 3, 0], [1, 2, 3, 4, 5], [7, 7]]):  # five rows: regrown
+        torch.testing.assert_close(compiled(*realistic_inputs(lengths, bound, n)),
+                                   eager(*realistic_inputs(lengths, bound, n)))
+    allocating = ["allocated table -> width" in r.rewritten[0].reason or "regrown width" in r.rewritten[0].reason
+                  for r in backend.reports]
+    assert allocating == [True, False, True, False], "\n".join(map(str, backend.reports))
+    for allocates, state in zip(allocating, backend.states):
+        assert (CUDAGRAPHS_SCRATCH in state.notes) is allocates, state.notes
+        assert ("triton.cudagraphs" in state.patches) is not allocates, state.patches
+
+
 def test_a_regrown_width_narrower_than_the_bound_keeps_the_max():
     """`max(n, C)` with C below the bound's pages is not C for every n within the bound: the max is kept."""
     def step(q, k, v, r2t, rpi, seq_lens):

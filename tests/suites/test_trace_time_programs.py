@@ -3,8 +3,10 @@
 Generator: tests/support/trace_program_generator.py (its docstring says what each family is). This file runs the
 `branch` family (random Python branches on `m = seq_lens.max().item()` and on values derived from it, at small and
 realistic bounds: width, value, mixed, early exit, clamp, page-size, round-up and allocated-table forms) and the
-`grow` family (FlashMLA's grow-on-demand scratch). tests/suites/test_trace_time_constructs.py runs the struct,
-launcher and copy families; the two files are separate so that xdist's loadfile gives them to different workers.
+`grow` family (FlashMLA's grow-on-demand scratch) and the `hidden` family (outcomes that differ where the graph's
+text does not show it: what a step leaves outside its result is compared too). tests/suites/
+test_trace_time_constructs.py runs the struct, launcher and copy families; the two files are separate so that
+xdist's loadfile gives them to different workers.
 
 Each program is compiled once through the backend's trace-time path without Inductor (passlib.compile_traced, with
 the program's max_context_len and checked option) and compared with eager on length vectors that sweep [0, bound]
@@ -25,7 +27,7 @@ import pytest
 
 import trace_program_generator as tg
 
-PROGRAMS = tg.generated_programs("branch", "grow")
+PROGRAMS = tg.generated_programs("branch", "grow", "hidden")
 RESULTS: dict = {}
 
 
@@ -42,6 +44,8 @@ def test_corpus_size_and_spread():
         assert spelling in sources, spelling
     assert "blocks += 64 - blocks % 64" in sources  # trtllm_mla_backend.py's _calc_padded_blocks
     assert any(p.scratch and p.scratch < -(-p.bound // p.ps) for p in PROGRAMS)  # a scratch that grows
+    hidden = collections.Counter(p.category for p in PROGRAMS if p.family == "hidden")
+    assert set(hidden) == {f"hidden/{kind}" for kind in tg.HIDDEN_KINDS} and min(hidden.values()) >= 10, hidden
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])

@@ -35,6 +35,14 @@ own, `tgen_<name>`: a fresh code object, so programs never share Dynamo's cache)
              slice views, narrow/select/view chains, and tensor / list / mask indices or clone/contiguous/to
              copies, which write a temporary), dtype pairs (int64 lengths into int32 / int16 buffers: narrowing),
              and the copy before the max, between the max and the gather or after the gather.
+  hidden     a branch on the max whose outcomes differ where the FX graph's text does not show it (the classes a
+             soundness review broke the comparison of the two outcomes with, 2026-12-05, and their neighbours):
+             an nn.Parameter of one input or another (Dynamo builds it before the graph), Python RNG calls with
+             other arguments (replayed before the graph), two closures of one factory (one qualname), two
+             msgspec.Struct classes of one factory stored on an object (one repr), a predicate whose products
+             wrap in int64, the lengths written in place before the max (the range is the inputs'), and the
+             compiled function entered again, recursively, after a graph break; each with an `observe()` of what
+             the step leaves outside its result, compared after every call.
 
 Each program is compiled ONCE through the backend's trace-time path without Inductor
 (`passlib.compile_traced(fn, max_context_len=B, checked=...)`) and run, together with eager (the same function
@@ -299,6 +307,10 @@ def make_inputs(program: Program, lengths: list, namespace: dict | None = None) 
     if program.buf is not None:
         args["buf"] = stale_buffer(program)
         args["idx"] = torch.arange(program.batch)
+    if "x1" in program.params:  # two float inputs that differ (hidden family: which one an outcome takes)
+        gen = torch.Generator().manual_seed(program.seed)
+        args["x1"] = torch.rand(4, generator=gen) + 0.5
+        args["x2"] = args["x1"] * 3 + 1
     if "geo" in program.params:
         args["geo"] = eval(program.given_struct, namespace)  # noqa: S307 - the program's own setup names
     return [args[p] for p in program.params]
@@ -546,6 +558,7 @@ def run_program(program: Program) -> Result:
     try:
         namespace = program.build()
         fn = namespace["step"]
+        observe = namespace.get("observe", lambda: None)  # what the step leaves outside its result (hidden family)
         call, backend = compile_traced(fn, max_context_len=program.bound, **program.options)
         if program.scratch:
             eager_scratch, compiled_scratch = Scratch(program.scratch), Scratch(program.scratch)
@@ -557,6 +570,7 @@ def run_program(program: Program) -> Result:
             if program.scratch:
                 eager_args, compiled_args = [eager_scratch, *eager_args], [compiled_scratch, *compiled_args]
             want = _outcome(fn, eager_args)
+            seen_want = observe()
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -569,7 +583,11 @@ def run_program(program: Program) -> Result:
             except Exception as e:  # noqa: BLE001
                 text = str(e).strip().splitlines()
                 got = Raised(type(e).__name__, (text[0] if text else "")[:300] + (" ..." if len(text) > 1 else ""))
+            seen_got = observe()
             _compare(result, program, lengths, valid, want, got, eager_args, compiled_args, stock)
+            if valid and seen_want != seen_got and not (isinstance(want, Raised) or isinstance(got, Raised)):
+                result.divergences.append(("side effect differs", f"lengths={lengths}: observe() after the step: "
+                                                                  f"eager {seen_want!r}, compiled {seen_got!r}"))
         result.rewritten = sum(len(r.rewritten) for r in backend.reports)
         result.kept = sum(len(r.kept) for r in backend.reports)
         result.graphs = len(backend.reports)
@@ -1351,9 +1369,132 @@ def copy_program(n: int, r: random.Random) -> Program:
 
 
 # -- the corpus -------------------------------------------------------------------------------------------------------
+
+# -- the hidden family: outcomes that differ outside what the graph's text shows ---------------------------------
+HIDDEN_KINDS = ("parameter", "rng", "closure", "struct_class", "overflow", "inplace", "recursion")
+
+
+def _hidden_predicate(r: random.Random, bound: int, ps: int, kind: str):
+    """(source on `m`, probe source on `m` with its predicate and modulus recorded): differs inside [0, bound]."""
+    if kind == "inplace":  # near the bound: the write takes the max past it
+        t = bound - r.choice([0, 0, 1, 2])
+        return f"m > {t}", f"_p(0, m > {t})"
+    form = r.choice(["mod", "pages_mod", "compare"])
+    if form == "mod":
+        q = r.choice([2, 3, 5, 7])
+        k = r.randrange(q)
+        return f"m % {q} == {k}", f"_p(0, _v(0, {q}, m % {q}) == {k})"
+    if form == "pages_mod":
+        q = r.choice([2, 3, 4])
+        k = r.randrange(q)
+        return (f"((m + {ps - 1}) // {ps}) % {q} == {k}",
+                f"_p(0, _v(0, {q}, ((m + {ps - 1}) // {ps}) % {q}) == {k})")
+    t = r.randint(1, bound - 1)
+    return f"m > {t}", f"_p(0, m > {t})"
+
+
+def hidden_program(n: int, r: random.Random, kind: str) -> Program:
+    bound, ps = r.choice(REALISTIC[:5] + ((4096, 32), (8192, 16))) if r.random() < 0.7 else \
+        (r.choice(SMALL_BOUNDS), r.choice([1, 2, 4]))
+    pred, probe_pred = _hidden_predicate(r, bound, ps, kind)
+    checked = r.random() < 0.6
+    params = ("seq_lens", "x1", "x2", "req_to_token", "req_pool_indices")
+    table = _table(r, "m", ps, r.choice(["slice", "chained"]))
+    core = (f"    m = seq_lens.max().item()\n"
+            f"    out = SUM({table}, seq_lens, {ps}, m)\n")
+    setup, prelude, extra, note = "", "", 0, ""
+    if kind == "parameter":
+        body = (f"    lifted = x1.sum() + x2.sum()  # both inputs lifted in one order by both outcomes\n{core}"
+                f"    w = torch.nn.Parameter(x1 if {pred} else x2, requires_grad=False)\n"
+                f"    return out * w.sum(), lifted\n")
+        note = "an nn.Parameter of one input or the other: Dynamo builds it before the graph"
+    elif kind == "rng":
+        seed = r.randrange(100)
+        call = r.choice([("uniform(0.0, 1.0)", "uniform(0.0, 2.0)"), ("randint(1, 3)", "randint(4, 9)"),
+                         ("random()", "random() + rr.random()"), ("uniform(1.0, 2.0)", "uniform(1.0, 2.0) * 0 + 1.5")])
+        body = (f"{core}    rr = random.Random({seed})\n"
+                f"    x = rr.{call[0]} if {pred} else rr.{call[1]}\n"
+                f"    return out * x\n")
+        note = "Python RNG calls with other arguments per outcome (Dynamo replays them before the graph)"
+    elif kind == "closure":
+        wrap = r.choice(["torch.compiler.allow_in_graph(scale)", "scale"])
+        fa, fb = r.choice([(1.0, 2.0), (3.0, -3.0), (0.5, 0.25)])
+        setup = (f"def make(factor):\n    def scale(x):\n        return x * factor\n    return {wrap}\n"
+                 f"SCALE_A, SCALE_B = make({fa}), make({fb})\n")
+        warm = r.choice(["    warm = a(x1.sum()) + b(x1.sum())  # both called by both outcomes\n",
+                         "    warm = x1.sum()\n"])
+        body = (f"    a, b = SCALE_A, SCALE_B\n{warm}{core}"
+                f"    return (a if {pred} else b)(out), warm\n")
+        note = "two closures of one factory (one module and qualname), chosen by the outcome"
+    elif kind == "struct_class":
+        if msgspec is None:
+            kind = "overflow"
+        else:
+            setup = ("def make_meta(kind):\n    class Meta(msgspec.Struct):\n        pages: int\n"
+                     "        def kind(self):\n            return kind\n    return Meta\n"
+                     "META_A, META_B = make_meta('a'), make_meta('b')\n"
+                     "class Holder:\n    meta = None\nHOLDER = Holder()\n"
+                     "def observe():\n    seen = None if HOLDER.meta is None else (HOLDER.meta.kind(), HOLDER.meta.pages)\n"
+                     "    HOLDER.meta = None\n    return seen\n")
+            body = (f"    a, b = META_A, META_B\n    a(pages=0), b(pages=0)  # both built by both outcomes\n{core}"
+                    f"    HOLDER.meta = (a if {pred} else b)(pages=3)\n"
+                    f"    return out\n")
+            note = "two msgspec.Struct classes of one factory (one repr), one stored per outcome"
+    if kind == "overflow":  # the table allocated and filled by the bounded writer: rewritten at the bound
+        core = (f"    m = seq_lens.max().item()\n"
+                f"    blocks = (m + {ps - 1}) // {ps}\n"
+                f"    t = torch.full((seq_lens.shape[0], blocks), -1, dtype=torch.int32)\n"
+                f"    FILL(req_to_token, req_pool_indices, seq_lens, t, t.stride(0), {ps})\n"
+                f"    out = PD(q, k_cache, v_cache, t, seq_lens.to(torch.int32), max_seqlen_k=m)\n")
+        params = params + ("q", "k_cache", "v_cache")
+        # the product is a multiple of 2**64 (four consecutive factors: of 8): 0 in int64 for every m, not in Python
+        q = r.choice([3, 5, 7])
+        # (sympy reduces some products modulo q itself: those forms are not evaluated by the backend at all)
+        form = f"(m * (m + 1) * (m + 2) * (m + 3) * 2**{r.choice([61, 62])}) % {q} {r.choice(['==', '!='])} 0"
+        body = (f"{core}    s = 1.0 if m % 2 == 0 else 1.0  # one branch traced at the bound, one graph\n"
+                f"    if {form}:\n        s = 2.0\n"
+                f"    return out * s\n")
+        probe_pred = f"_p(0, _v(0, 2, m % 2) == 0) or True, _p(1, {form})"
+        pred = form
+        note = "a second branch whose products pass 2**63 (exact in Python, wrapped in int64)"
+    elif kind == "inplace":
+        write = r.choice(["seq_lens.add_(1)", "seq_lens[:1] += 1", "seq_lens[0] = seq_lens[0] + 1",
+                          "seq_lens.copy_(seq_lens * 2)", "torch.add(seq_lens, 1, out=seq_lens)",
+                          "seq_lens.view(-1)[-1:].add_(2)", "seq_lens.clamp_(min=3)"])
+        extra = bound + 8  # a doubled length's table stays inside the token table
+        later = r.choice(["torch.ones(1)", "out * 0 + 1"])
+        body = (f"    {write}  # the lengths written before their max\n{core}"
+                f"    if {pred}:\n        return out * 0\n"
+                f"    return {later} + out * 0 + 1\n")
+        note = "the lengths written in place before the max: the range holds for the inputs, not for them"
+    elif kind == "recursion":
+        setup = "LOG = []\ndef observe():\n    seen = list(LOG)\n    LOG.clear()\n    return seen\n"
+        body = (f"    LOG.append(depth)\n    x1.mul_(2)\n"
+                f"    if depth > 0:\n        torch._dynamo.graph_break()\n"
+                f"        return step(seq_lens, x1, x2, req_to_token, req_pool_indices, depth - 1)\n"
+                f"    m = seq_lens.max().item()\n"
+                f"    blocks = (m + {ps - 1}) // {ps}\n"
+                f"    if {pred}:\n        blocks = blocks + 1\n"
+                f"    out = SUM({table}, seq_lens, {ps}, m)\n"
+                f"    return out * x1.sum(), blocks * 0\n")
+        note = "the compiled function entered again, recursively, after a graph break (not the call's first frame)"
+        source = (f"import random\n{setup}def step(seq_lens, x1, x2, req_to_token, req_pool_indices, depth=1):\n"
+                  f"{body}")
+        return _hidden(n, kind, source, params, bound, ps, checked, probe_pred, extra, note, r)
+    source = f"import random\n{setup}def step({', '.join(params)}):\n{body}"
+    return _hidden(n, kind, source, params, bound, ps, checked, probe_pred, extra, note, r)
+
+
+def _hidden(n, kind, source, params, bound, ps, checked, probe_pred, extra, note, r) -> Program:
+    probe = f"def probe(x):\n    m = x\n    return ({probe_pred})\n"
+    return Program(name=f"hidden-{kind}-{n:04d}", family="hidden", category=f"hidden/{kind}", source=source,
+                   params=params, bound=bound, ps=ps, options={"checked": checked}, batch=r.choice([1, 3, 4]),
+                   seed=n, probe=probe, extra_tokens=extra, note=note, consumer="pd" if "q" in params else "sum")
+
+
 BRANCH_FORMS = (("width", 7), ("value", 4), ("mixed", 2), ("exit", 2), ("clamp", 2), ("pagesize", 1),
                 ("roundup", 4), ("allocated", 2), ("guard", 2))
-COUNTS = {"branch": 330, "realistic": 40, "grow": 20, "struct": 209, "launcher": 222, "copy": 220}
+COUNTS = {"branch": 330, "realistic": 40, "grow": 20, "struct": 209, "launcher": 222, "copy": 220, "hidden": 84}
 
 
 def branch_programs() -> list[Program]:
@@ -1401,8 +1542,14 @@ def copy_programs() -> list[Program]:
     return [copy_program(5000 + n, random.Random(rng.getrandbits(32))) for n in range(COUNTS["copy"])]
 
 
+def hidden_programs() -> list[Program]:
+    rng = random.Random(4505)
+    return [hidden_program(6000 + n, random.Random(rng.getrandbits(32)), HIDDEN_KINDS[n % len(HIDDEN_KINDS)])
+            for n in range(COUNTS["hidden"])]
+
+
 FAMILIES = {"branch": branch_programs, "grow": grow_programs, "struct": struct_programs,
-            "launcher": launcher_programs, "copy": copy_programs}
+            "launcher": launcher_programs, "copy": copy_programs, "hidden": hidden_programs}
 
 
 def generated_programs(*families: str) -> list[Program]:
@@ -1423,7 +1570,7 @@ def listing(programs: list[Program]) -> str:
     return "\n".join(lines)
 
 
-KINDS = ("raises on valid lengths", "wrong value", "returns where eager raises", "inputs left differ",
+KINDS = ("raises on valid lengths", "wrong value", "side effect differs", "returns where eager raises", "inputs left differ",
          "unchecked invalid lengths", "crashed")
 
 
