@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import compile_pass
 import consumers_for_tests  # noqa: F401  (syncfree_test::bounded_sum, a self-guarding consumer)
-from passlib import compile_traced, host_reads, length_vectors
+from passlib import FB, compile_traced, host_reads, length_vectors
 
 SUM = torch.ops.syncfree_test.bounded_sum
 SEEN_BOUNDS = consumers_for_tests.SEEN_BOUNDS
@@ -72,14 +72,6 @@ def _facts():
 
 
 # -- inputs ---------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class FB:
-    req_to_token: torch.Tensor
-    req_pool_indices: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-
-
 @dataclasses.dataclass
 class ExtendFB:
     extend_seq_lens: torch.Tensor
