@@ -17,20 +17,13 @@ import pytest
 import torch
 
 from consumers_for_tests import WRITE_ROWS
+from paged_steps import maxima, padded_blocks
 from passlib import compile_traced
 
 WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
 
 ATTN = torch.ops.syncfree.paged_decode
 REQS = 5
-
-
-def padded_blocks(m: int, page_size: int) -> int:
-    lcm = 4096 // page_size
-    blocks = (m + page_size - 1) // page_size
-    if blocks % lcm != 0:
-        blocks = (blocks + lcm - 1) // lcm * lcm
-    return blocks
 
 
 def make_step(page_size: int):
@@ -53,18 +46,6 @@ def make_inputs(lengths, width: int, page_size: int, seed: int):
     k = torch.randn(REQS * width // page_size, page_size, 1, 4, generator=gen)
     v = torch.randn(REQS * width // page_size, page_size, 1, 4, generator=gen)
     return q, k, v, r2t, rpi, torch.tensor(lengths, dtype=torch.int64)
-
-
-def maxima(bound: int, page_size: int, seed: int) -> list[int]:
-    """0, 1, the bound and its neighbours, every multiple of the round-up's tokens and its neighbours (each
-    residue class of `blocks % lcm` at its edges), and random values."""
-    rng = random.Random(seed)
-    span = 4096
-    edges = {0, 1, bound - 1, bound}
-    for k in range(1, bound // span + 1):
-        edges |= {k * span - page_size, k * span - 1, k * span, k * span + 1}
-    edges |= {rng.randint(0, bound) for _ in range(6)}
-    return sorted(m for m in edges if 0 <= m <= bound)[:24]
 
 
 @pytest.mark.parametrize("bound,page_size", [(4096, 64), (8192, 32), (32768, 64), (131072, 64), (32768, 32)])

@@ -30,7 +30,7 @@ import torch._dynamo
 
 import compile_pass
 from consumers_for_tests import WRITE_ROWS
-from paged_steps import paged_inputs
+from paged_steps import padded_blocks, paged_inputs
 from passlib import compile_traced
 
 WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
@@ -336,15 +336,6 @@ def test_a_nested_frame_after_the_outer_level_counted_its_token(checked):
 
 
 # -- controls: the range is given and the step rewritten ----------------------------------------------------------
-def padded_blocks(m: int, page_size: int) -> int:
-    """TRTLLM-MLA's `_calc_padded_blocks` (tests/relations/test_branch_outcomes.py)."""
-    lcm = 4096 // page_size
-    blocks = (m + page_size - 1) // page_size
-    if blocks % lcm != 0:
-        blocks = (blocks + lcm - 1) // lcm * lcm
-    return blocks
-
-
 def round_up_step(page_size: int, bound: int, before=None, after=None, round_up: bool = True):
     """A decode step whose branches the range decides: an engine's overflow check `m > bound` (False over the
     range), and with `round_up` TRTLLM-MLA's round-up (its outcome differs inside the range: traced with both

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import random
 import re
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import torch
 import compile_pass
 import consumers_for_tests  # noqa: F401  (registers syncfree_test::bounded_sum)
 from conftest_helpers import interpreting
-from paged_steps import Scratch, grown_scratch_step, paged_inputs
+from paged_steps import Scratch, grown_scratch_step, maxima, padded_blocks, paged_inputs
 from passlib import Rewriting, compile_traced
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -805,6 +806,75 @@ def test_a_round_up_table_filled_by_a_triton_writer_is_rewritten():
     (writer,) = [n for n in backend.graphs[0].graph.nodes if compile_pass._compat.user_triton_kernel(n) is not None]
     assert writer.kwargs["kwargs"]["kv_indices_ptr_stride"] == 9
 
+
+
+# -- TRTLLM-MLA's round-up branch with the Triton writer (issue 45, item 6) ---------------------------------------
+# Found on the H200 (2026-12-05): the step with the project's Triton writer broke at `if blocks % lcm != 0` under
+# fullgraph ("Could not guard on data-dependent expression"), while the same step with a writer op was rewritten.
+# Dynamo names a user Triton launch's constants by their index in torch's kernel side table, a new index for each
+# trace: the two outcomes' traces differed in that index alone. The signature now spells the entries.
+def trtllm_triton_step(page_size: int, other_constant: int | None = None):
+    """TRTLLM-MLA's decode metadata with the Triton writer, the padded width as its row stride. With
+    `other_constant`, the outcome that rounds up launches the kernel with that PAGED_SIZE instead (a different
+    launch: the two outcomes compute different tables)."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        lcm = 4096 // page_size
+        blocks = (m + page_size - 1) // page_size
+        launch = page_size
+        if blocks % lcm != 0:  # trtllm_mla_backend.py _calc_padded_blocks
+            blocks = (blocks + lcm - 1) // lcm * lcm
+            launch = other_constant or page_size
+        table = torch.full((bs, blocks), -1, dtype=torch.int32)
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), blocks, PAGED_SIZE=launch)
+        # a self-guarding reader of each row's live pages (exact sums of page ids: every written cell is read),
+        # not the attention, whose interpreted kernel at 32768 tokens costs minutes here
+        return torch.ops.syncfree_test.paged_sum(table, seq_lens, k, m)
+    return step
+
+
+@needs_interpreter
+@pytest.mark.parametrize("bound,page_size", [(4096, 64), (32768, 64), (8192, 32)])
+def test_the_round_up_branch_with_the_triton_writer_is_rewritten_and_no_max_raises(bound, page_size):
+    """Maxima at the edges of every residue class of the round-up, batches 1 and 4: each compiled step equals
+    eager (the reader sums every row's written pages), one graph per batch size, rewritten to the bound's
+    padded width, and no assertion on the branch's outcome in the graph."""
+    step = trtllm_triton_step(page_size)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    rng = random.Random(bound)
+    for n, m in enumerate(maxima(bound, page_size, 5)):
+        batch = 4 if n % 2 else 1
+        lengths = [m] + [rng.randint(0, m) for _ in range(batch - 1)]
+        inputs = paged_inputs(lengths, bound, page_size, n, reqs=REQS, heads=2, dim=8)
+        with dynamo_sees_triton():
+            got = call(*inputs)
+        torch.testing.assert_close(got, step(*inputs))
+    reports = backend.reports
+    assert len(reports) == 2 and all(not r.kept and [i.rule for i in r.rewritten] == ["allocated_table"]
+                                     for r in reports), "\n".join(map(str, reports))
+    width = padded_blocks(bound, page_size)
+    assert all(f"width {width} (page_size {page_size}" in r.rewritten[0].reason for r in reports), \
+        "\n".join(map(str, reports))
+    for gm in backend.graphs[-2:]:
+        asserts = [n for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
+        assert not any("traced at the bound" in str(n.args) for n in asserts), [n.args for n in asserts]
+
+
+@needs_interpreter
+def test_outcomes_that_launch_the_writer_with_other_constants_are_not_one_computation():
+    """The control: the outcome that rounds up launches the writer with PAGED_SIZE 128, the other with 64 (the
+    tables differ). The two traces differ in the launch's constants, so the branch is not decided: the step keeps
+    eager's values at every max."""
+    bound, page_size = 8192, 64
+    step = trtllm_triton_step(page_size, other_constant=128)
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    for n, m in enumerate([bound, 4095, 4097, 1, 0, 8000]):
+        inputs = paged_inputs([m, 3, min(m, 2)], bound, page_size, n, reqs=REQS, heads=2, dim=8)
+        with dynamo_sees_triton():
+            got = call(*inputs)
+        torch.testing.assert_close(got, step(*inputs))
+    assert not any(r.rewritten for r in backend.reports), "\n".join(map(str, backend.reports))
 
 # -- a scratch grown from None (issue 45, item 5) ---------------------------------------------------------------
 # SGLang's FlashMLABackend._eager_block_kv_indices on a fresh backend: the scratch is None, so the first step

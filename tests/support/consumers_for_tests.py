@@ -1,4 +1,5 @@
-"""Test consumers: one self-guarding op with an upper-bound argument (registered), and its unregistered twin."""
+"""Test consumers: self-guarding ops with an upper-bound argument (registered), an unregistered twin, an indptr
+reader and a bounded writer."""
 
 import torch
 
@@ -42,6 +43,24 @@ compile_pass.register_self_guarding_consumer(
     "syncfree_test::bounded_sum", page_table="page_table", lengths="lens", upper_bounds=("max_seqlen_k",)
 )
 
+
+
+# The same reader over a paged KV cache, its page size the cache's dim 1 (as syncfree::paged_decode declares it):
+# the cheap stand-in for the attention where the tests run at realistic bounds under the Triton interpreter.
+@torch.library.custom_op("syncfree_test::paged_sum", mutates_args=())
+def paged_sum(page_table: torch.Tensor, lens: torch.Tensor, k_cache: torch.Tensor, max_seqlen_k: int) -> torch.Tensor:
+    return _bounded_sum(page_table, lens, k_cache.shape[1], max_seqlen_k)
+
+
+@paged_sum.register_fake
+def _(page_table, lens, k_cache, max_seqlen_k):
+    return page_table.new_empty((page_table.shape[0],), dtype=torch.float32)
+
+
+compile_pass.register_self_guarding_consumer(
+    "syncfree_test::paged_sum", page_table="page_table", lengths="lens", upper_bounds=("max_seqlen_k",),
+    page_size_of=("k_cache", 1)
+)
 
 # A reader through an indptr (registered with the flat-buffer family's facts): row b reads only
 # indices[indptr[b] : indptr[b] + lens[b]] (reference.read_through_indptr, which raises past the buffer).

@@ -1,7 +1,10 @@
 """Inputs and steps the realistic-bound tests share: a token table and a small paged KV pool at any bound and page
-size, and FlashMLA's grow-on-demand scratch (SGLang's `_eager_block_kv_indices`) over a registered writer."""
+size, FlashMLA's grow-on-demand scratch (SGLang's `_eager_block_kv_indices`) over a registered writer, and
+TRTLLM-MLA's round-up with the maxima that cover each of its residue classes."""
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -52,3 +55,26 @@ def grown_scratch_step(state: Scratch, writer, page_size: int):
         return ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
 
     return step
+
+
+def padded_blocks(m: int, page_size: int) -> int:
+    """TRTLLM-MLA's `_calc_padded_blocks` (trtllm_mla_backend.py:340): cdiv(m, page_size) pages, rounded up to a
+    multiple of `lcm = 4096 // page_size` when it is not one (a branch whose outcome differs inside any realistic
+    [0, bound])."""
+    lcm = 4096 // page_size
+    blocks = (m + page_size - 1) // page_size
+    if blocks % lcm != 0:
+        blocks = (blocks + lcm - 1) // lcm * lcm
+    return blocks
+
+
+def maxima(bound: int, page_size: int, seed: int) -> list[int]:
+    """0, 1, the bound and its neighbours, every multiple of the round-up's tokens and its neighbours (each
+    residue class of `blocks % lcm` at its edges), and random values: at most 24, sorted."""
+    rng = random.Random(seed)
+    span = 4096
+    edges = {0, 1, bound - 1, bound}
+    for k in range(1, bound // span + 1):
+        edges |= {k * span - page_size, k * span - 1, k * span, k * span + 1}
+    edges |= {rng.randint(0, bound) for _ in range(6)}
+    return sorted(m for m in edges if 0 <= m <= bound)[:24]
