@@ -1,6 +1,6 @@
 """Issue 20's engine recipes on a GPU: each step compiled with `cudagraphs=True` and shown sync-free.
 
-Steps (small shapes, fp32, max_context_len 1024):
+Steps (small shapes, fp32, max_context_len 4096 unless --max-context-len; the regional model's own is 256):
   mla       FlashMLA's shape: n = cdiv(seq_lens.max().item(), 64); table = torch.full((bs, n), -1); the bounded
             Triton writer kernels/flashmla_kv_indices.py fills each row; syncfree::paged_decode reads by lengths
             (pages of 64 keys). Rule allocated_table.
@@ -50,7 +50,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-MCL = 1024
+MCL = 4096  # --max-context-len
 HQ, HKV, D = 8, 2, 64
 REQS = 8
 
@@ -385,8 +385,9 @@ def run_case(name, device, batches, count, replays, cudagraphs=None):
     cuda = device == "cuda"
     step, inputs, options, span = CASES[name](device)
     # eager's reference on its own state: the MLA steps keep metadata between steps (FlashMLA's grown scratch), and
-    # an eager run on the compiled step's state would grow it first (not what a server does: issue 45 item 5)
-    reference = CASES[name](device)[0]
+    # an eager run on the compiled step's state would grow it first (not what a server does: issue 45 item 5). Its
+    # inputs come from its own case too: the regional step writes its case's KV pool, which `inputs` resets
+    reference, reference_inputs = CASES[name](device)[:2]
     options = {"max_context_len": MCL, **options}
     if cuda if cudagraphs is None else cudagraphs:
         options["cudagraphs"] = True
@@ -397,7 +398,7 @@ def run_case(name, device, batches, count, replays, cudagraphs=None):
     t0 = time.perf_counter()
     with _compat.CudagraphSkips() as skips:
         for n, lengths in enumerate(length_vectors(batches, count, span["low"], span["top"])):
-            want = reference(*inputs(lengths, n))
+            want = reference(*reference_inputs(lengths, n))
             args = inputs(lengths, n)
             got, new = _compat.run_and_get_code(compiled, *args)
             codes += new
@@ -474,7 +475,9 @@ def main():
     p.add_argument("--replays", type=int, default=1)
     p.add_argument("--cudagraphs", action="store_true", help="compile with cudagraphs=True on the CPU dry run too")
     p.add_argument("--json")
-    p.add_argument("--max-context-len", type=int, default=1024, help="the static bound (default %(default)s)")
+    # 4096, a realistic bound and a multiple of TRTLLM's round-up span: at another bound (1024 before 2026-12-05)
+    # its two outcomes' widths differ and the branch breaks the graph, an error under fullgraph=True (README)
+    p.add_argument("--max-context-len", type=int, default=4096, help="the static bound (default %(default)s)")
     p.add_argument("--residue-sweep", action="store_true",
                    help="maxima at the edges of every residue class of TRTLLM's round-up (issue 45), not random")
     args = p.parse_args()

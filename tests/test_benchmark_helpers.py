@@ -1,5 +1,5 @@
 """The benchmarks' arithmetic on CPU: what the decode loop counts as a step's bytes, its --plan, the plot; the host
-overhead benchmark's CPU path (issue 43)."""
+overhead benchmark's CPU path (issue 43); the engine steps' CPU dry run (issue 45)."""
 
 import json
 import sys
@@ -177,3 +177,30 @@ def test_host_overhead_profile_paths_are_short():
         "torch/_dynamo/eval_frame.py"
     assert host_overhead.short_path("/work/main/compile_pass/backend.py") == "compile_pass/backend.py"
     assert host_overhead.short_path("~") == "~"
+
+
+def test_the_engine_steps_dry_run_is_eager_s_values_on_cpu(tmp_path):
+    """benchmarks/engine_steps_gpu.py's CPU dry run at its default bound (4096; the regional model's own is 256):
+    the regional step, TRTLLM-MLA's round-up and FlashMLA's grown scratch, `cudagraphs=True` decided as on the
+    GPU, each rewritten and equal to eager on its own state. Found 2026-12-05: the regional step's eager reference
+    ran on a KV pool that nothing reset between vectors (the compiled run's differed from it by up to 0.13), and at
+    the old default bound (1024, not a multiple of TRTLLM's round-up span) the round-up broke the graph, an error
+    under fullgraph=True."""
+    import subprocess
+
+    out = tmp_path / "engine_steps.json"
+    proc = subprocess.run([sys.executable, "engine_steps_gpu.py", "--device", "cpu", "--cudagraphs", "--steps",
+                           "regional", "trtllm_round_up", "flashmla_scratch", "--batches", "2", "--vectors", "2",
+                           "--json", str(out)], cwd=Path(__file__).resolve().parents[1] / "benchmarks",
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["env"]["device"] == "cpu"
+    steps = {s["step"]: s for s in result["steps"]}
+    assert set(steps) == {"regional", "trtllm_round_up", "flashmla_scratch"}
+    for name, step in steps.items():
+        assert step["ok"] and step["status"] == "rewritten", (name, step.get("problems"))
+        assert step["options"]["max_context_len"] == (256 if name == "regional" else 4096)  # the model's own
+        assert step["options"]["cudagraphs"] is True
+        assert len(step["vectors"]) == 2 and all(v["equal"] for v in step["vectors"]), (name, step["vectors"])
+    assert result["ok"]
