@@ -16,6 +16,9 @@ torch 2.13; `make test-versions` runs them (with the trace-time and SGLang suite
                                                            a Struct Dynamo builds by itself: a graph break, not a
                                                            failed compile, in a fresh process
     no_guard_profiling (torch._dynamo.guards.profile_guard_manager)   the function it replaces, and restored
+    user_triton_kernel (torch's kernel side table, read by TraceSignature)
+                                                           a launch's kernel and constants, one signature for two
+                                                           traces of one launch, another for other constants
 
 "One graph" is checked by the reports of the compiled function as well as by the breaks Dynamo records: a frame
 Dynamo gives up on runs eagerly with eager's values and no recorded break (torch 2.11 / 2.12 do that at a denied
@@ -289,3 +292,51 @@ def test_where_the_struct_model_does_not_fit_it_turns_itself_off_with_its_reason
     codes = [traceable.break_code(n) for n in notes]
     assert "struct_model_unfit" in codes, notes
     assert all("the msgspec.Struct model is off on this torch" in n for n in notes), notes
+
+
+def test_a_user_triton_launch_is_read_from_the_kernel_side_table_and_spelled_by_its_entries(monkeypatch):
+    """_compat.user_triton_kernel reads torch's kernel side table (a private class): the kernel and the constant
+    arguments of a launch in a Dynamo graph. Two traces of one launch get two constant-argument indices; their
+    TraceSignatures must still be equal (the two outcomes of TRTLLM-MLA's round-up launch the Triton writer alike),
+    and a launch with another constant must differ. Traced only (a backend that never runs the graph), so no GPU
+    and no interpreter: on every torch of the version table."""
+    triton = pytest.importorskip("triton")
+    import torch.utils._triton as triton_utils
+    import triton.language as tl
+
+    from compile_pass.traced_ranges import TraceSpelling, graph_signature
+
+    @triton.jit
+    def fill(out_ptr, n, VALUE: tl.constexpr):
+        i = tl.arange(0, 8)
+        tl.store(out_ptr + i, VALUE, mask=i < n)
+
+    monkeypatch.setattr(triton_utils, "has_triton", lambda *args, **kwargs: True)  # a GPU-less machine
+
+    spell = TraceSpelling()  # one spelling: every signature is compared while its objects are alive
+
+    def traced(value):
+        """(signature, the launch's constant-argument index, what the side table holds for the launch), read right
+        after the trace as the pass reads them (torch._dynamo.reset() empties the side table)."""
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return lambda *args: ()  # the launch never runs here
+
+        def step(out):  # a new function each time: traced anew without resetting Dynamo
+            fill[(1,)](out, out.shape[0], VALUE=value)
+
+        torch.compile(step, backend=backend, fullgraph=True)(torch.zeros(8, dtype=torch.int32))
+        (gm,) = graphs
+        (launch,) = [n for n in gm.graph.nodes if _compat.user_triton_kernel(n) is not None]
+        return graph_signature(gm.graph, spell), launch.kwargs["constant_args_idx"], _compat.user_triton_kernel(launch)
+
+    torch._dynamo.reset()
+    first, first_index, (kernel, constants) = traced(3)
+    again, again_index, _ = traced(3)
+    other, _, _ = traced(4)
+    assert kernel is fill and constants["VALUE"] == 3, constants
+    assert first_index != again_index  # what made the two outcomes' traces differ before 2026-12-05
+    assert first == again
+    assert first != other
