@@ -336,13 +336,17 @@ def graph_signature(graph: torch.fx.Graph, spell: TraceSpelling) -> str:
             target = spell(node.target)
         else:  # call_method, output: a name
             target = str(node.target)
-        launched = _compat.user_triton_kernel(node)
-        if launched is not None:
+        if node.op == "call_function" and "constant_args_idx" in node.kwargs:
             # A user Triton launch names its kernel and constant arguments by their index in torch's kernel side
             # table, which gives every trace's constants a new index: spelled by what the entries hold (the kernel
             # by identity, each constant by `spell`), two launches of one kernel with equal constants are one
-            # launch. Where the table cannot be read, the indices stay and are compared as they are (an index
-            # names one entry for the life of the process: equal indices are equal launches).
+            # launch. Where the table does not hold them (torch._dynamo.reset() empties it from torch 2.12 on and
+            # the indices start again: an index alone names nothing), the launch is a fresh object: never another
+            # trace's.
+            launched = _compat.user_triton_kernel(node)
+            if launched is None:
+                lines.append(f"{node.op} {target} {spell(object())}")
+                continue
             kernel, constants = launched
             rest = {k: v for k, v in node.kwargs.items() if k not in ("kernel_idx", "constant_args_idx")}
             lines.append(f"{node.op} {target} {arg(node.args)} launches {spell(kernel)} with the constants "

@@ -340,3 +340,21 @@ def test_a_user_triton_launch_is_read_from_the_kernel_side_table_and_spelled_by_
     assert first_index != again_index  # what made the two outcomes' traces differ before 2026-12-05
     assert first == again
     assert first != other
+    # a launch whose entries the table no longer holds (torch._dynamo.reset() empties it from torch 2.12 on; the
+    # table's own reset_table on every version) is never the same as another trace's: the indices restart
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *args: ()
+
+    def step(out):
+        fill[(1,)](out, out.shape[0], VALUE=3)
+
+    torch.compile(step, backend=backend, fullgraph=True)(torch.zeros(8, dtype=torch.int32))
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    kernel_side_table.reset_table()
+    (launch,) = [n for n in graphs[0].graph.nodes if "constant_args_idx" in n.kwargs]
+    assert _compat.user_triton_kernel(launch) is None
+    assert graph_signature(graphs[0].graph, spell) != graph_signature(graphs[0].graph, spell)
