@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import struct
 
 import torch
 import torch.fx
@@ -277,9 +278,10 @@ class TraceSpelling:
     """How a TraceSignature writes a value that two traces must agree on (a graph's call target or constant, a
     constant or global of the code around it). Both traces run in one process, so "the same" is decided exactly:
 
-      * a plain literal by its value, which its repr says in full: None, bool, int, float (repr is exact: -0.0
-        and nan apart from 0.0), str, bytes, Ellipsis; a torch dtype, device, layout or memory format; a tuple
-        or frozenset of these (exact types: an int subclass such as an IntEnum, or a str subclass, is not one);
+      * a plain literal by its value, which its repr says in full: None, bool, int, str, bytes, Ellipsis; a torch
+        dtype, device, layout or memory format; a float by its repr and its 64 bits (repr tells -0.0 from 0.0 but
+        not a NaN's sign or payload: -nan, which `inf - inf` gives on x86, prints as nan); a tuple or frozenset
+        of these (exact types: an int subclass such as an IntEnum, or a str subclass, is not one);
       * anything else by identity: its id, with the object kept in `kept` for as long as the signature lives, so
         that no other object takes that id while the two signatures are compared (the bound's outcome's is held
         as evidence until the other outcome's is compared). Two objects that print alike (two closures of one
@@ -293,6 +295,8 @@ class TraceSpelling:
 
     def __call__(self, value) -> str:
         kind = type(value)
+        if kind is float:
+            return f"{value!r} (bits {struct.pack('<d', value).hex()})"
         if kind in self._LITERALS:
             return repr(value)
         if kind is tuple:

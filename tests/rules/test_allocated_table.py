@@ -129,6 +129,13 @@ if interpreting():
 
     BLOCK_WRITER = traceable(block_writer)
 
+    @triton.jit
+    def fill(out_ptr, X: tl.constexpr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out_ptr + i, tl.zeros([N], tl.float32) + X)
+
+    FILL = traceable(fill)
+
 
 # -- inputs -----------------------------------------------------------------------------------------------
 def make_inputs(lengths, seed=0, width=MCL):
@@ -874,6 +881,42 @@ def test_outcomes_that_launch_the_writer_with_other_constants_are_not_one_comput
         with dynamo_sees_triton():
             got = call(*inputs)
         torch.testing.assert_close(got, step(*inputs))
+    assert not any(r.rewritten for r in backend.reports), "\n".join(map(str, backend.reports))
+
+
+@needs_interpreter
+def test_outcomes_that_launch_with_constants_that_print_alike_are_not_one_computation():
+    """A helper's program (2026-12-05): the outcomes launch one kernel with the constexpr nan and -nan, which print
+    alike; the two traces were merged and the bound's outcome's -nan became nan (the sign bit wrong at every max
+    whose pages are a multiple of 64). Constants are compared by type and bits: not merged, eager's bits. (A float
+    constant that stock Dynamo writes into its FX code, `torch.full((4,), -nan)`, loses the sign with any backend:
+    not this launch, whose constants stay in the kernel side table.)"""
+    bound, page_size = 8192, 64
+
+    def step(q, k, v, r2t, rpi, seq_lens):
+        m = seq_lens.max().item()
+        bs = seq_lens.shape[0]
+        lcm = 4096 // page_size
+        blocks = (m + page_size - 1) // page_size
+        if blocks % lcm != 0:
+            blocks = (blocks + lcm - 1) // lcm * lcm
+            value = float("nan")
+        else:
+            value = -float("nan")  # the bound's outcome at 8192: 128 pages
+        table = torch.full((bs, blocks), -1, dtype=torch.int32)
+        KERNEL[(bs,)](r2t, rpi, seq_lens, None, table, r2t.stride(0), blocks, PAGED_SIZE=page_size)
+        out = torch.zeros(4, dtype=torch.float32)
+        FILL[(1,)](out, value, 4)
+        return torch.ops.syncfree_test.paged_sum(table, seq_lens, k, m), out
+
+    call, backend = compile_traced(step, dynamic=False, max_context_len=bound)
+    for m in [bound, 4096, 4095, 1, 0, 100, 4097]:
+        inputs = paged_inputs([m, min(m, 3)], bound, page_size, 0, reqs=REQS, heads=2, dim=8)
+        with dynamo_sees_triton():
+            got, got_fill = call(*inputs)
+        want, want_fill = step(*inputs)
+        torch.testing.assert_close(got, want)
+        assert torch.equal(got_fill.view(torch.int32), want_fill.view(torch.int32)), (m, got_fill, want_fill)
     assert not any(r.rewritten for r in backend.reports), "\n".join(map(str, backend.reports))
 
 # -- a scratch grown from None (issue 45, item 5) ---------------------------------------------------------------

@@ -41,8 +41,10 @@ own, `tgen_<name>`: a fresh code object, so programs never share Dynamo's cache)
              other arguments (replayed before the graph), two closures of one factory (one qualname), two
              msgspec.Struct classes of one factory stored on an object (one repr), a predicate whose products
              wrap in int64, the lengths written in place before the max (the range is the inputs'), and the
-             compiled function entered again, recursively, after a graph break; each with an `observe()` of what
-             the step leaves outside its result, compared after every call.
+             compiled function entered again, recursively, after a graph break, and (12 more, `float_bits`)
+             two floats that print alike returned by the outcome (nan and -nan, another NaN payload, 0.0 and
+             -0.0; Python floats are compared by bits); each with an `observe()` of what the step leaves outside
+             its result, compared after every call.
 
 Each program is compiled ONCE through the backend's trace-time path without Inductor
 (`passlib.compile_traced(fn, max_context_len=B, checked=...)`) and run, together with eager (the same function
@@ -77,6 +79,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import struct
 import sys
 import time
 import types
@@ -520,6 +523,8 @@ def difference(got, want) -> str | None:
         if got.is_floating_point() and torch.allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True):
             return None
         return "values"
+    if type(want) is float and type(got) is float:  # by bits: a NaN's sign and payload, a zero's sign
+        return None if struct.pack("<d", got) == struct.pack("<d", want) else "values"
     if type(got) is not type(want) or not (got == want or (got != got and want != want)):
         return "values"
     return None
@@ -1371,7 +1376,13 @@ def copy_program(n: int, r: random.Random) -> Program:
 # -- the corpus -------------------------------------------------------------------------------------------------------
 
 # -- the hidden family: outcomes that differ outside what the graph's text shows ---------------------------------
-HIDDEN_KINDS = ("parameter", "rng", "closure", "struct_class", "overflow", "inplace", "recursion")
+HIDDEN_KINDS = ("parameter", "rng", "closure", "struct_class", "overflow", "inplace", "recursion", "float_bits")
+# Floats that print alike and differ in bits (a helper's programs, 2026-12-05): -nan (what `inf - inf` gives on
+# x86) and a NaN of another payload print as nan. Returned as Python floats: stock Dynamo writes a float it puts
+# into the FX graph's code as its repr, which loses the sign with any backend (not the backend's to fix).
+FLOAT_PAIRS = (("float('nan')", "-float('nan')"), ("float('inf') - float('inf')", "float('nan')"),
+               ("struct.unpack('<d', struct.pack('<Q', 0x7FF8000000000001))[0]", "float('nan')"),
+               ("0.0", "-0.0"))
 
 
 def _hidden_predicate(r: random.Random, bound: int, ps: int, kind: str):
@@ -1379,7 +1390,8 @@ def _hidden_predicate(r: random.Random, bound: int, ps: int, kind: str):
     if kind == "inplace":  # near the bound: the write takes the max past it
         t = bound - r.choice([0, 0, 1, 2])
         return f"m > {t}", f"_p(0, m > {t})"
-    form = r.choice(["mod", "pages_mod", "compare"])
+    # float_bits: the forms the pass rewrites (a compare keeps the max), so that a merge of its outcomes shows
+    form = r.choice(["mod", "pages_mod"] if kind == "float_bits" else ["mod", "pages_mod", "compare"])
     if form == "mod":
         q = r.choice([2, 3, 5, 7])
         k = r.randrange(q)
@@ -1467,6 +1479,13 @@ def hidden_program(n: int, r: random.Random, kind: str) -> Program:
                 f"    if {pred}:\n        return out * 0\n"
                 f"    return {later} + out * 0 + 1\n")
         note = "the lengths written in place before the max: the range holds for the inputs, not for them"
+    elif kind == "float_bits":
+        a, b = r.choice(FLOAT_PAIRS)
+        if r.random() < 0.5:
+            a, b = b, a
+        setup = "import struct\n"
+        body = f"{core}    x = {a} if {pred} else {b}\n    return out, x\n"
+        note = "two floats that print alike (a NaN's sign or payload, a signed zero), returned by the outcome"
     elif kind == "recursion":
         setup = "LOG = []\ndef observe():\n    seen = list(LOG)\n    LOG.clear()\n    return seen\n"
         body = (f"    LOG.append(depth)\n    x1.mul_(2)\n"
@@ -1495,6 +1514,7 @@ def _hidden(n, kind, source, params, bound, ps, checked, probe_pred, extra, note
 BRANCH_FORMS = (("width", 7), ("value", 4), ("mixed", 2), ("exit", 2), ("clamp", 2), ("pagesize", 1),
                 ("roundup", 4), ("allocated", 2), ("guard", 2))
 COUNTS = {"branch": 330, "realistic": 40, "grow": 20, "struct": 209, "launcher": 222, "copy": 220, "hidden": 84}
+HIDDEN_FLOAT_BITS = 12  # the float_bits kind, after the hidden family's first 84
 
 
 def branch_programs() -> list[Program]:
@@ -1544,8 +1564,11 @@ def copy_programs() -> list[Program]:
 
 def hidden_programs() -> list[Program]:
     rng = random.Random(4505)
-    return [hidden_program(6000 + n, random.Random(rng.getrandbits(32)), HIDDEN_KINDS[n % len(HIDDEN_KINDS)])
-            for n in range(COUNTS["hidden"])]
+    first = HIDDEN_KINDS[:7]  # the first 84 programs' kinds, as they were generated before float_bits came
+    programs = [hidden_program(6000 + n, random.Random(rng.getrandbits(32)), first[n % len(first)])
+                for n in range(COUNTS["hidden"])]
+    return programs + [hidden_program(6000 + COUNTS["hidden"] + n, random.Random(rng.getrandbits(32)), "float_bits")
+                       for n in range(HIDDEN_FLOAT_BITS)]
 
 
 FAMILIES = {"branch": branch_programs, "grow": grow_programs, "struct": struct_programs,
