@@ -316,8 +316,8 @@ def test_a_user_triton_launch_is_read_from_the_kernel_side_table_and_spelled_by_
     spell = TraceSpelling()  # one spelling: every signature is compared while its objects are alive
 
     def traced(value):
-        """(signature, the launch's constant-argument index, what the side table holds for the launch), read right
-        after the trace as the pass reads them (torch._dynamo.reset() empties the side table)."""
+        """(signature, the launch's constant-argument index, what the side table holds for the launch, the graph),
+        read right after the trace as the pass reads them (torch._dynamo.reset() empties the side table)."""
         graphs = []
 
         def backend(gm, example_inputs):
@@ -330,31 +330,22 @@ def test_a_user_triton_launch_is_read_from_the_kernel_side_table_and_spelled_by_
         torch.compile(step, backend=backend, fullgraph=True)(torch.zeros(8, dtype=torch.int32))
         (gm,) = graphs
         (launch,) = [n for n in gm.graph.nodes if _compat.user_triton_kernel(n) is not None]
-        return graph_signature(gm.graph, spell), launch.kwargs["constant_args_idx"], _compat.user_triton_kernel(launch)
+        return (graph_signature(gm.graph, spell), launch.kwargs["constant_args_idx"],
+                _compat.user_triton_kernel(launch), gm)
 
     torch._dynamo.reset()
-    first, first_index, (kernel, constants) = traced(3)
-    again, again_index, _ = traced(3)
-    other, _, _ = traced(4)
+    first, first_index, (kernel, constants), first_graph = traced(3)
+    again, again_index, _, _ = traced(3)
+    other, _, _, _ = traced(4)
     assert kernel is fill and constants["VALUE"] == 3, constants
     assert first_index != again_index  # what made the two outcomes' traces differ before 2026-12-05
     assert first == again
     assert first != other
     # a launch whose entries the table no longer holds (torch._dynamo.reset() empties it from torch 2.12 on; the
     # table's own reset_table on every version) is never the same as another trace's: the indices restart
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return lambda *args: ()
-
-    def step(out):
-        fill[(1,)](out, out.shape[0], VALUE=3)
-
-    torch.compile(step, backend=backend, fullgraph=True)(torch.zeros(8, dtype=torch.int32))
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     kernel_side_table.reset_table()
-    (launch,) = [n for n in graphs[0].graph.nodes if "constant_args_idx" in n.kwargs]
+    (launch,) = [n for n in first_graph.graph.nodes if "constant_args_idx" in n.kwargs]
     assert _compat.user_triton_kernel(launch) is None
-    assert graph_signature(graphs[0].graph, spell) != graph_signature(graphs[0].graph, spell)
+    assert graph_signature(first_graph.graph, spell) != graph_signature(first_graph.graph, spell)

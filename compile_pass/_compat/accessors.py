@@ -232,10 +232,10 @@ def user_triton_kernel(node: torch.fx.Node):
     """(kernel, constant args) of a `triton_kernel_wrapper_mutation` node: the user's @triton.jit kernel (or its
     autotuner) that the node launches, from torch's kernel side table, and the arguments Dynamo kept there
     (constexprs, None, non-tensor constants) by parameter name. None for any other node, or where the table does
-    not hold the node's entries (torch._dynamo.reset() empties it from torch 2.12 on). Private API, dated: checked on torch
-    2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 (2026-12-05: `kernel_side_table.get_kernel` / `get_constant_args`
-    by the node's kwargs `kernel_idx` / `constant_args_idx`; tests/test_hook_versions.py); removed when the
-    higher-order op carries its kernel and constants itself."""
+    not hold the node's entries (torch._dynamo.reset() empties it from torch 2.12 on). Private API, dated: checked
+    on torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 (2026-12-05: `kernel_side_table.get_kernel` /
+    `get_constant_args` by the node's kwargs `kernel_idx` / `constant_args_idx`; tests/test_hook_versions.py);
+    removed when the higher-order op carries its kernel and constants itself."""
     hop = getattr(torch.ops.higher_order, "triton_kernel_wrapper_mutation", None)
     if not isinstance(node, torch.fx.Node) or node.op != "call_function" or hop is None or node.target is not hop:
         return None

@@ -32,10 +32,10 @@ import torch
 import torch._dynamo
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
-from compile_pass import _compat, tracing, traced_ranges
+from compile_pass import traced_ranges
 from consumers_for_tests import WRITE_ROWS
 from paged_steps import paged_inputs
-from passlib import TracedPassOnly
+from passlib import compile_traced
 
 WRITER = WRITE_ROWS  # tests/support/consumers_for_tests.py: a registered bounded writer
 ATTN = torch.ops.syncfree.paged_decode
@@ -52,18 +52,10 @@ def _reset():
 
 
 def compile_with_policy(fn, **options):
-    """(call, backend, policy): passlib.compile_traced's path (the range while Dynamo traces, the retrace where the
-    backend asks), with the TracingPolicy kept: its `why` is what the report adds to the graph break of a branch
-    not decided (tracing.undecided_branches)."""
-    backend = TracedPassOnly(**options)
-    compiled = torch.compile(fn, backend=backend, dynamic=False)
-    policy = tracing.TracingPolicy.from_options(backend.options, fn)
-
-    def call(*args):
-        with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
-            return tracing.call_retracing(compiled, policy, *args)
-
-    return call, backend, policy
+    """(call, backend, policy): passlib.compile_traced (a static compile), with its TracingPolicy: its `why` is what
+    the report adds to the graph break of a branch not decided (tracing.undecided_branches)."""
+    call, backend = compile_traced(fn, dynamic=False, **options)
+    return call, backend, call.policy
 
 
 def maxima(bound: int, modulus: int, seed: int) -> list[int]:

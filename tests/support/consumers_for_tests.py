@@ -44,7 +44,6 @@ compile_pass.register_self_guarding_consumer(
 )
 
 
-
 # The same reader over a paged KV cache, its page size the cache's dim 1 (as syncfree::paged_decode declares it):
 # the cheap stand-in for the attention where the tests run at realistic bounds under the Triton interpreter.
 @torch.library.custom_op("syncfree_test::paged_sum", mutates_args=())
@@ -61,6 +60,7 @@ compile_pass.register_self_guarding_consumer(
     "syncfree_test::paged_sum", page_table="page_table", lengths="lens", upper_bounds=("max_seqlen_k",),
     page_size_of=("k_cache", 1)
 )
+
 
 # A reader through an indptr (registered with the flat-buffer family's facts): row b reads only
 # indices[indptr[b] : indptr[b] + lens[b]] (reference.read_through_indptr, which raises past the buffer).

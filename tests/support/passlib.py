@@ -120,7 +120,8 @@ TracedPassOnly = Rewriting  # the name the SGLang suites use: one harness
 
 def compile_traced(fn, dynamic=None, **options):
     """(call, backend): `fn` compiled through TracedPassOnly, traced as compile_pass.compile traces it (the range
-    of a declared max while Dynamo traces, the retrace where the pass keeps one)."""
+    of a declared max while Dynamo traces, the retrace where the pass keeps one). `call.policy` is the
+    TracingPolicy: its `why` is what the report adds to the graph break of a branch not decided."""
     from compile_pass import tracing
 
     backend = TracedPassOnly(**options)
@@ -131,4 +132,5 @@ def compile_traced(fn, dynamic=None, **options):
         with _compat.capture_scalar_outputs(), tracing.bounded_maxima(policy):
             return tracing.call_retracing(compiled, policy, *args)
 
+    call.policy = policy
     return call, backend

@@ -1567,8 +1567,8 @@ def hidden_programs() -> list[Program]:
     first = HIDDEN_KINDS[:7]  # the first 84 programs' kinds, as they were generated before float_bits came
     programs = [hidden_program(6000 + n, random.Random(rng.getrandbits(32)), first[n % len(first)])
                 for n in range(COUNTS["hidden"])]
-    return programs + [hidden_program(6000 + COUNTS["hidden"] + n, random.Random(rng.getrandbits(32)), "float_bits")
-                       for n in range(HIDDEN_FLOAT_BITS)]
+    return programs + [hidden_program(6000 + COUNTS["hidden"] + n, random.Random(rng.getrandbits(32)),
+                                      "float_bits") for n in range(HIDDEN_FLOAT_BITS)]
 
 
 FAMILIES = {"branch": branch_programs, "grow": grow_programs, "struct": struct_programs,
