@@ -95,7 +95,8 @@ def rules(gm: torch.fx.GraphModule, state: PipelineState) -> int:
 
 
 def settle_at_bound(gm: torch.fx.GraphModule, state: PipelineState) -> int:
-    return traced_ranges.settle_at_bound(gm.graph, state.assumed)
+    scratch = state.result.scratch_tables if state.result is not None else ()
+    return traced_ranges.settle_at_bound(gm.graph, state.assumed, scratch, state.options.static_escapes)
 
 
 def recheck_kept(gm: torch.fx.GraphModule, state: PipelineState) -> int:

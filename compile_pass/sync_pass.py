@@ -46,6 +46,8 @@ class PassResult:
     # An applied rewrite allocates a scratch that the step stores for later steps (a plan's `allocated_scratch`):
     # the backend runs this graph without CUDA graphs, whose memory pool the next replay would reuse under it.
     allocated_scratch: bool = False
+    # The applied rewrites' sliced scratch tables (traced_ranges.ScratchTable), for settle_at_bound.
+    scratch_tables: list = dataclasses.field(default_factory=list)
 
 
 def _item(point: SyncPoint, reason: str, code: str = "", rule: str = "") -> SyncItem:
@@ -105,6 +107,7 @@ class SyncPass:
             disjoint |= plan.disjoint
             static |= getattr(plan, "static_inputs", frozenset())
             result.allocated_scratch |= getattr(plan, "allocated_scratch", False)
+            result.scratch_tables += getattr(plan, "scratch_tables", ())
         self._host_copies(graph, points, mirrors, result)
         # What is really left: a rewrite that left a host read behind must not be counted as removed.
         for point in find_sync_points(graph, mirrors):

@@ -15,9 +15,7 @@ module, never the Dynamo-time one. compile_pass.tracing's docstring says why eac
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-import struct
 
 import torch
 import torch.fx
@@ -26,11 +24,16 @@ from . import _compat
 
 from .fx_util import insert_device_assert, insert_lower_assert, node_location
 from .normalize import ASSERTS, asserted_bound, max_source
+from .trace_signature import frame_signature, outcomes_differ, regrown_scratch, uncompared_reason
 
 META = "syncfree_range"  # node.meta key on an `.item()` node given a range: (bound, text)
 AT_BOUND = "syncfree_at_bound"  # node.meta key on such an `.item()`: [(assert text, guard), ...]
 FIRST = "syncfree_first"  # on a ranged `.item()` of the compiled function's frame, first attempt: its line
 UNRANGED = "syncfree_unranged"  # on an `.item()` traced without the range, to compare: its line
+NARROWED = "syncfree_narrowed"  # on such an `.item()`: the ends of its range a branch traced at the bound moved:
+#                                 (low or None, high or None)
+REGROWN = "syncfree_regrown"  # traced again at the bound's outcome, which regrows the scratch the other slices:
+#                               the bound's outcome's TraceSignature (trace_signature.regrown_scratch)
 OTHER = "syncfree_other"  # on a ranged `.item()` traced with the other outcome: the first trace's rewritten graph
 
 
@@ -66,9 +69,15 @@ def strip_range_asserts(graph: torch.fx.Graph, checked: bool = False) -> int:
     for item in ranged_items(graph):
         bound = item.meta[META][0]
         texts = [text for text, _ in item.meta.get(AT_BOUND, ())]
+        guards = [guard for _, guard in item.meta.get(AT_BOUND, ())]
+        ranges = {("lower", 0), ("upper", bound)}
+        if texts and NARROWED in item.meta:  # the ends the branch's outcome moved (`2 < cdiv(u0, 64)`: u0 >=
+            low, high = item.meta[NARROWED]  # 129), asserted as the range: the outcome's bookkeeping too
+            ranges |= {("lower", low)} if low is not None else set()
+            ranges |= {("upper", high)} if high is not None else set()
         for compare in list(item.users):
-            if asserted_bound(compare, item) not in (("lower", 0), ("upper", bound)):
-                erased += _strip_at_bound(graph, compare, texts)
+            if asserted_bound(compare, item) not in ranges:
+                erased += _strip_at_bound(graph, compare, texts, guards)
                 continue
             for check in list(compare.users):
                 if check.op == "call_function" and check.target in ASSERTS and not check.users:
@@ -92,7 +101,7 @@ def strip_range_asserts(graph: torch.fx.Graph, checked: bool = False) -> int:
     return erased
 
 
-def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]) -> int:
+def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str], guards=()) -> int:
     """Erase the asserts of a branch traced at the bound (their text names the guard) that `node` leads to, and
     the arithmetic left dead by it."""
     if not texts:
@@ -100,14 +109,26 @@ def _strip_at_bound(graph: torch.fx.Graph, node: torch.fx.Node, texts: list[str]
     erased = 0
     for user in list(node.users):
         if user.op == "call_function" and user.target in ASSERTS and len(user.args) > 1 \
-                and any(f"expression {_spelled(t)} on node" in _spelled(str(user.args[1])) for t in texts):
+                and (any(f"expression {_spelled(t)} on node" in _spelled(str(user.args[1])) for t in texts)
+                     or _asserts_one_of(user, guards)):
             graph.erase_node(user)
             erased += 1
         elif user.op == "call_function":
-            erased += _strip_at_bound(graph, user, texts)
+            erased += _strip_at_bound(graph, user, texts, guards)
     if erased and not node.users and node.op == "call_function" and not _is_item(node):
         graph.erase_node(node)
     return erased
+
+
+def _asserts_one_of(check: torch.fx.Node, guards) -> bool:
+    """Does the assert `check` assert one of `guards` (sympy conditions), its condition's expression equal to one
+    of them up to the side it is written from (`2 < n` for `n > 2`: Relational.canonical)?"""
+    condition = _compat.example_value(check.args[0]) if isinstance(check.args[0], torch.fx.Node) else None
+    expr = getattr(getattr(condition, "node", None), "expr", None)
+    if expr is None:
+        return False
+    spelled = getattr(expr, "canonical", expr)
+    return any(expr == g or spelled == getattr(g, "canonical", g) for g in guards)
 
 
 def _spelled(text: str) -> str:
@@ -160,7 +181,7 @@ def traced_at_bound(graph: torch.fx.Graph) -> list[tuple]:
     return [(item, [g for _, g in item.meta[AT_BOUND]]) for item in ranged_items(graph) if item.meta.get(AT_BOUND)]
 
 
-def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
+def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple], scratch_tables=(), static_escapes=False) -> int:
     """After the pass, for the maxima of the compiled function's own frame (nothing of the call has run, so the
     frame may be traced again: Retrace):
       - a kept max is traced again without the range where it is passed into a compiled region, and with the
@@ -174,7 +195,13 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
         for every max in [0, bound] (each trace is eager's computation for the maxima that take its outcome, and
         each rewrite is proven for them), with no assertion on the outcome: a valid length never raises. Traces
         that differ, several branches, or several such maxima (their combinations are not all traced) are traced
-        again with the range only, with why (Retrace.why).
+        again with the range only, with why (Retrace.why);
+      - one exception, under static_escapes: where the bound's outcome regrows the scratch that the other
+        outcome slices as it is (trace_signature.regrown_scratch: one computation but for where the scratch's
+        cells live and its width), the frame is traced a third time at the bound's outcome (mode "regrown"),
+        whose graph is kept, with no assertion on the outcome, where its signature is the bound's outcome's
+        (the same computation, every guard of it among its own): it computes eager's values for every max, the
+        scratch stored at the static width (what static_escapes allows).
     Nothing is inserted: returns 0."""
     retrace, evidence, why = {}, {}, {}
     for item in ranged_items(graph):  # kept: still in the graph
@@ -188,7 +215,7 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
     retrace.update({n.meta[UNRANGED]: "final" for n in graph.nodes if UNRANGED in n.meta})
     if retrace:
         raise Retrace(retrace, why=why)
-    signature = frame_signature(graph) if assumed else None
+    signature = frame_signature(graph, scratch_tables) if assumed else None
     for item, guards in assumed:
         line = item.meta[FIRST]
         if len(assumed) > 1 or len(guards) != 1:
@@ -200,188 +227,23 @@ def settle_at_bound(graph: torch.fx.Graph, assumed: list[tuple]) -> int:
                                                  "cannot be compared"
         elif signature.uncompared:  # either outcome's: its own trace refuses before the other is compared
             retrace[line], why[line] = "final", uncompared_reason(signature)
+        elif REGROWN in item.meta:  # the third trace: the bound's outcome again, which must be what was compared
+            if item.meta[REGROWN] is None or not signature.same_computation(item.meta[REGROWN]):
+                retrace[line], why[line] = "final", "traced again at the bound's outcome, which regrows the " \
+                                                     "scratch, it is not the trace compared with the other outcome"
         elif OTHER not in item.meta:
             retrace[line], evidence[line] = "other", signature
         elif item.meta[OTHER] is None:
             retrace[line], why[line] = "final", "the bound's outcome was not recorded"
-        elif not signature.same_computation(item.meta[OTHER]):
+        elif signature.same_computation(item.meta[OTHER]):
+            continue
+        elif static_escapes and regrown_scratch(item.meta[OTHER], signature):
+            retrace[line], evidence[line] = "regrown", item.meta[OTHER]
+        else:
             retrace[line], why[line] = "final", outcomes_differ(item.meta[OTHER], signature)
     if retrace:
         raise Retrace(retrace, evidence, why)
     return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceSignature:
-    """What one trace of the frame computes and the guards it runs under: the rewritten graph (each placeholder by
-    its source, each callable and object by identity: TraceSpelling), the code Dynamo runs before the graph call
-    (what it builds there and hands the graph: a Parameter of an input) and after it (side effects, returned
-    constants, where each output goes), and what runs around the graph that the code does not hold
-    (`uncompared`: Python random calls replayed with arguments fixed when traced). `kept` holds every object
-    spelled by identity, so that its id is not reused while this signature is compared."""
-
-    graph: str
-    before: str
-    after: str
-    guards: frozenset
-    uncompared: tuple = ()
-    kept: tuple = dataclasses.field(default=(), compare=False, repr=False)
-
-    def same_computation(self, first: "TraceSignature") -> bool:
-        """This trace (the other outcome's: its compiled code is what runs) computes what `first` (the bound's
-        outcome's) computes wherever its guards hold: nothing uncompared in either, the same graph and code
-        around it, and every guard of `first` among its own (a guard only `first` made, on a value only that
-        outcome read, would not be checked)."""
-        return not self.uncompared and not first.uncompared and self.graph == first.graph \
-            and self.before == first.before and self.after == first.after and first.guards <= self.guards
-
-
-def uncompared_reason(signature: TraceSignature) -> str:
-    """Why a trace that runs code the signature does not hold is never called the same as another."""
-    return (f"Dynamo runs code around the graph that the two outcomes' comparison does not read "
-            f"({'; '.join(signature.uncompared)}); the rewrite is proven when the step does not depend on it")
-
-
-def outcomes_differ(first: TraceSignature, second: TraceSignature) -> str:
-    """Why two traces of a branch's outcomes are not one computation, and what would make them one."""
-    if first.uncompared or second.uncompared:
-        return uncompared_reason(first if first.uncompared else second)
-    if first.graph != second.graph:
-        return ("its two outcomes compute different graphs (a width, an op, a callable or an input that depends on "
-                "the outcome); the rewrite is proven when both outcomes size and fill the table alike (a round-up "
-                "to a multiple that the bound's width is one of, a scratch already as wide as the bound's pages)")
-    if first.before != second.before:
-        return ("its two outcomes differ in what Dynamo builds before the graph (a Parameter of another input, a "
-                "value hoisted out of the graph); the rewrite is proven when they do not")
-    if first.after != second.after:
-        return ("its two outcomes differ outside the graph (an attribute stored, a constant returned); the rewrite "
-                "is proven when they do not")
-    missing = sorted(first.guards - second.guards)
-    return (f"the bound's outcome depends on a value the other outcome does not read ({missing[0]}): its compiled "
-            "code would not be guarded by it")
-
-
-def frame_signature(graph: torch.fx.Graph) -> TraceSignature | None:
-    """The TraceSignature of the trace being compiled (graph_signature, _compat.frame_residual), its objects
-    spelled by one TraceSpelling. None where the code around the graph cannot be read (a graph that ends at a
-    graph break among them): the trace is then never called the same as another (an attribute store, a
-    returned constant or a guard that differs between the outcomes is not in the graph)."""
-    spell = TraceSpelling()
-    residual = _compat.frame_residual(spell)
-    if residual is None:
-        return None
-    return TraceSignature(graph_signature(graph, spell), residual.before, residual.after, residual.guards,
-                          residual.uncompared, tuple(spell.kept))
-
-
-class TraceSpelling:
-    """How a TraceSignature writes a value that two traces must agree on (a graph's call target or constant, a
-    constant or global of the code around it). Both traces run in one process, so "the same" is decided exactly:
-
-      * a plain literal by its value, which its repr says in full: None, bool, int, str, bytes, Ellipsis; a torch
-        dtype, device, layout or memory format; a float by its repr and its 64 bits (repr tells -0.0 from 0.0 but
-        not a NaN's sign or payload: -nan, which `inf - inf` gives on x86, prints as nan); a tuple or frozenset
-        of these (exact types: an int subclass such as an IntEnum, or a str subclass, is not one);
-      * anything else by identity: its id, with the object kept in `kept` for as long as the signature lives, so
-        that no other object takes that id while the two signatures are compared (the bound's outcome's is held
-        as evidence until the other outcome's is compared). Two objects that print alike (two closures of one
-        factory: one __module__ and __qualname__; two classes of one factory: one repr) are then different."""
-
-    _LITERALS = (type(None), bool, int, float, str, bytes, type(Ellipsis), torch.dtype, torch.device, torch.layout,
-                 torch.memory_format)
-
-    def __init__(self):
-        self.kept: list = []
-
-    def __call__(self, value) -> str:
-        kind = type(value)
-        if kind is float:
-            return f"{value!r} (bits {struct.pack('<d', value).hex()})"
-        if kind in self._LITERALS:
-            return repr(value)
-        if kind is tuple:
-            return "(" + "".join(self(v) + ", " for v in value) + ")"
-        if kind is frozenset:
-            return "frozenset({" + ", ".join(sorted(self(v) for v in value)) + "})"
-        self.kept.append(value)
-        named = value if hasattr(value, "__qualname__") else kind
-        return f"<{getattr(named, '__module__', '')}.{getattr(named, '__qualname__', kind.__name__)} " \
-               f"id {id(value):#x}>"
-
-
-def graph_signature(graph: torch.fx.Graph, spell: TraceSpelling) -> str:
-    """The graph as text with nothing but what it computes: each node's op, target (a callable by identity:
-    `spell`), and arguments (other nodes by position, constants by `spell`), compiled regions' bodies included;
-    no names, no meta. Two traces of one frame compute the same thing where their signatures, spelled while
-    both are alive, are equal."""
-    index: dict = {}
-
-    def arg(a) -> str:
-        if isinstance(a, torch.fx.Node):
-            return f"%{index[a]}"
-        if type(a) in _FX_SEQUENCES:  # exact types: a named tuple is an object of its own (spell: identity)
-            return type(a).__name__ + "(" + ", ".join(arg(x) for x in a) + ")"
-        if type(a) in _FX_DICTS:
-            return "{" + ", ".join(f"{spell(k)}: {arg(v)}" for k, v in a.items()) + "}"
-        if type(a) is slice:
-            return f"slice({arg(a.start)}, {arg(a.stop)}, {arg(a.step)})"
-        return spell(a)
-
-    lines = []
-    owner = graph.owning_module
-    for node in graph.nodes:
-        index[node] = len(index)
-        if node.op == "placeholder":  # where it comes from: two traces may lift other inputs in its place
-            lines.append(f"placeholder {index[node]} {_compat.placeholder_source_name(node)}")
-            continue
-        if node.op in ("get_attr", "call_module"):
-            target = _attribute(owner, str(node.target), spell)  # what it reads, not its name
-        elif node.op == "call_function":
-            target = spell(node.target)
-        else:  # call_method, output: a name
-            target = str(node.target)
-        if node.op == "call_function" and "constant_args_idx" in node.kwargs:
-            # A user Triton launch names its kernel and constant arguments by their index in torch's kernel side
-            # table, which gives every trace's constants a new index: spelled by what the entries hold (the kernel
-            # by identity, each constant by `spell`), two launches of one kernel with equal constants are one
-            # launch. Where the table does not hold them (torch._dynamo.reset() empties it from torch 2.12 on and
-            # the indices start again: an index alone names nothing), the launch is a fresh object: never another
-            # trace's.
-            launched = _compat.user_triton_kernel(node)
-            if launched is None:
-                lines.append(f"{node.op} {target} {spell(object())}")
-                continue
-            kernel, constants = launched
-            rest = {k: v for k, v in node.kwargs.items() if k not in ("kernel_idx", "constant_args_idx")}
-            lines.append(f"{node.op} {target} {arg(node.args)} launches {spell(kernel)} with the constants "
-                         f"{arg(constants)} {arg(rest)}")
-            continue
-        lines.append(f"{node.op} {target} {arg(node.args)} {arg(node.kwargs)}")
-    return "\n".join(lines)
-
-
-_FX_SEQUENCES = (list, tuple, torch.Size, torch.fx.immutable_collections.immutable_list)  # what FX args nest
-_FX_DICTS = (dict, torch.fx.immutable_collections.immutable_dict)
-
-
-def _attribute(owner, path: str, spell: TraceSpelling) -> str:
-    """What a get_attr or call_module node reads from the graph's module: a compiled region's body by its
-    signature; a module by the identity of its state (Dynamo gives each trace's graph module fresh proxies of
-    the user's modules, nn_module_proxy, each sharing its module's __dict__); anything else by `spell`. An
-    attribute that cannot be read is spelled as a fresh object: never the same as another trace's."""
-    if owner is None:
-        return spell(object())
-    try:
-        value = owner
-        for name in path.split("."):
-            value = getattr(value, name)
-    except AttributeError:
-        return spell(object())
-    if isinstance(value, torch.fx.GraphModule):
-        return "{" + graph_signature(value.graph, spell).replace("\n", "; ") + "}"
-    if isinstance(value, torch.nn.Module):
-        return f"{type(value).__qualname__} with the state {spell(vars(value))}"
-    return spell(value)
 
 
 ADMITTED_LIMIT = 1 << 22  # past this many values the domain is not enumerated (None)

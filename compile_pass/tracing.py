@@ -47,12 +47,21 @@ such a ranged max. Dynamo records the outcome as a runtime assertion; the backen
 and never puts it back (a valid length must not raise: issue 45), then (traced_ranges.settle_at_bound):
   - the pass rewrote the max: the frame is traced again with the branch's other outcome (mode "other", where no
     second branch is decided); where both traces are one computation (the same rewritten graph over the same
-    inputs, the same code before and after it, no Python random calls: traced_ranges.frame_signature), that graph gives eager's values for
-    every max in the range (each trace is eager's computation for the maxima that take its outcome, and each
-    rewrite is proven for them) and is kept with no assertion;
+    inputs, the same code before and after it, no Python random calls: trace_signature.frame_signature), that
+    graph gives eager's values for every max in the range (each trace is eager's computation for the maxima that
+    take its outcome, and each rewrite is proven for them) and is kept with no assertion;
+  - under static_escapes, where the bound's outcome regrows the scratch that the other outcome slices as it is
+    (trace_signature.regrown_scratch), the frame is traced a third time at the bound's outcome (mode "regrown")
+    and that graph, the bound's outcome's again, is kept with no assertion: for every max it computes what eager
+    computes, the scratch stored at the static width;
   - otherwise (the graphs differ, several branches or maxima, the max kept): the frame is traced again with the
     range only (nothing ran, so nothing runs twice): Dynamo breaks at the branch as it does without the backend,
     and the kept max runs exactly as eager.
+Dynamo narrows the max's range by the outcome it was traced with (`2 < cdiv(u0, 64)`: u0 >= 129) and asserts that
+range in the graph: those asserts are the outcome's too, and go with it (traced_ranges.NARROWED).
+A branch that compares input sizes with a value of ranged maxima (`buf.shape[1] < cdiv(m, 64)` once Dynamo made the
+scratch's width a dynamic size) is decided for every value of the maxima where a guard on the sizes alone makes it
+so (decided_by_sizes: `s >= 64`), a shape guard Dynamo checks before the graph runs: nothing is assumed.
 Only the user's branches (Dynamo's `SymNodeVariable.evaluate_expr`) are decided this way, never a guard torch
 evaluates internally (those fall back to a general path by themselves).
 
@@ -79,7 +88,8 @@ from .fx_util import node_location
 from .log import log
 from .mutations import WriteLog
 from .normalize import max_nodes
-from .traced_ranges import AT_BOUND, FIRST, META, OTHER, UNRANGED, Retrace, implied_outcome, lengths_of
+from .traced_ranges import (AT_BOUND, FIRST, META, NARROWED, OTHER, REGROWN, UNRANGED, Retrace, implied_outcome,
+                             lengths_of)
 
 
 class TracingPolicy:
@@ -90,17 +100,20 @@ class TracingPolicy:
     it traced again (Retrace); a nested frame of the same code (a recursive call after a graph break) is not it.
     `modes` is where each `.item()` line is on the way there: absent (the range, and a differing branch traced at
     the bound under `checked=True`), "other" (the same, with that branch's other outcome: `evidence[line]` is the
-    first trace's rewritten graph), "unranged" (the frame as Dynamo traces it without the backend), "final" (the
-    range only, for good)."""
+    first trace's rewritten graph), "regrown" (the bound's outcome again, after the other outcome was found to slice
+    the scratch the bound's outcome regrows: `evidence[line]` is the bound's outcome's trace, which this one must
+    be), "unranged" (the frame as Dynamo traces it without the backend), "final" (the range only, for good)."""
 
     def __init__(self, opts, root_code=None):
         self.options = opts
         self.checked = opts.checked
         self.root_code = root_code
         self.modes: dict[str, str] = {}
-        self.evidence: dict = {}  # line -> the TraceSignature of the bound's outcome (mode "other")
+        self.evidence: dict = {}  # line -> the TraceSignature of the bound's outcome (modes "other", "regrown")
         self.why: dict[str, str] = {}  # line -> why a branch on its max breaks the graph (mode "final")
         self.denied: dict[str, str] = {}  # line -> why its max was traced without the range (_range_refusal)
+        self.decided: set = set()  # the lines whose branch this attempt traced at an outcome (_on_guard)
+        self.failed = None  # the exception this attempt's compile of the call's first frame raised (_recorded)
 
     @classmethod
     def from_options(cls, opts, fn=None) -> "TracingPolicy":
@@ -174,6 +187,10 @@ def _recorded(entry: FrameEntry):
     _FRAMES.append(entry)
     try:
         yield
+    except BaseException as e:
+        if entry.retraceable and _ACTIVE:  # nothing of the call ran: call_retracing may trace it again
+            _ACTIVE[-1].failed = e
+        raise
     finally:
         _FRAMES.pop()
 
@@ -283,6 +300,8 @@ def _on_item(item: torch.fx.Node, value, root_code) -> None:
         return
     if mode == "other" and root:
         item.meta[OTHER] = policy.evidence.get(line)
+    if mode == "regrown" and root:  # the bound's outcome again: it must be the trace compared (settle_at_bound)
+        item.meta[REGROWN] = policy.evidence.get(line)
     _RANGEABLE[(id(_compat.shape_env_of(value)), _compat.symbol_of(value))] = (value, item, found, root, mode,
                                                                                 policy.checked)
 
@@ -295,7 +314,7 @@ def _give_range(value, item: torch.fx.Node, found: tuple[int, str], root: bool, 
     torch._check(value >= 0)
     torch._check(value <= bound)
     item.meta[META] = (bound, text)
-    if root and mode in (None, "other"):
+    if root and mode in (None, "other", "regrown"):
         item.meta[FIRST] = node_location(item)
         if checked:
             item.meta[AT_BOUND] = []
@@ -317,6 +336,9 @@ def _on_guard(shape_env, expr):
         for entry in pending:
             _give_range(*entry)
         return _compat.RETRY
+    decided = decided_by_sizes(shape_env, expr) if _ACTIVE else None  # only while a call of ours traces
+    if decided is not None:
+        return decided
     entries = [_AT_BOUND.get((id(shape_env), s)) for s in symbols]
     if len(entries) != 1 or entries[0] is None:  # one ranged max: its device assertion computes that max
         return None
@@ -332,10 +354,71 @@ def _on_guard(shape_env, expr):
             return None
         value = sympy.false if value is sympy.true else sympy.true
     guard = expr if value is sympy.true else sympy.Not(expr)
+    before = [_compat.symbol_range(shape_env, symbol) for symbol in symbols]
     text = _compat.assert_at_runtime(shape_env, guard, f"syncfree: traced at the bound: {guard}")
-    for _, item in entries:
+    for symbol, was, (_, item) in zip(symbols, before, entries):
         item.meta[AT_BOUND].append((text, guard))
+        if _ACTIVE and FIRST in item.meta:
+            _ACTIVE[-1].decided.add(item.meta[FIRST])
+        # Dynamo narrows the max's range by the outcome (`2 < cdiv(u0, 64)`: u0 >= 129) and asserts that range
+        # in the graph: part of the outcome's assumption, taken out with it (strip_range_asserts). Only the ends
+        # this assertion moved: an end the user's own check set before it stays the user's (found by a helper's
+        # programs, 2026-12-05: `torch._check(m >= 129)` before a parity branch was taken out with it).
+        now = _compat.symbol_range(shape_env, symbol)
+        if was is not None and now is not None and now != was:
+            item.meta[NARROWED] = (now[0] if now[0] != was[0] else None, now[1] if now[1] != was[1] else None)
     return value
+
+
+_RELATIONS = None  # sympy's four order relations, as (class, the relation with its sides swapped)
+
+
+def decided_by_sizes(shape_env, expr):
+    """A branch comparing input sizes with a value of ranged maxima, `s < f(u)` (FlashMLA's `buf.shape[1] <
+    cdiv(m, 64)` once Dynamo made the scratch's width a dynamic size s): decided for every value of the maxima by
+    a guard on the sizes alone, where the sizes of this call give one outcome for the whole range. With f(u) in
+    [lo, hi] over the maxima's ranges (bound_sympy: never narrower than the values), `s < f(u)` is False for every
+    u where s >= hi and True where s < lo (and alike for <=, >, >=); the guard (`s >= hi`) is one of Dynamo's
+    shape guards, checked on the host before the graph runs (a call where it fails compiles again). Only an order
+    relation whose one side holds input sizes only and whose other side holds ranged maxima only; anything else
+    (an equality, a mixed side, a value without a finite range) is not decided here (None)."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    global _RELATIONS
+    if _RELATIONS is None:
+        _RELATIONS = {sympy.StrictLessThan: sympy.StrictGreaterThan, sympy.LessThan: sympy.GreaterThan,
+                      sympy.StrictGreaterThan: sympy.StrictLessThan, sympy.GreaterThan: sympy.LessThan}
+    relation = type(expr)
+    if relation not in _RELATIONS:
+        return None
+    facts = _compat.size_facts(shape_env, expr)
+    if facts is None:
+        return None
+    hints, ranges = facts
+    lhs, rhs = expr.lhs, expr.rhs
+    if lhs.free_symbols and lhs.free_symbols <= set(hints) and rhs.free_symbols and rhs.free_symbols <= set(ranges):
+        sizes, maxima = lhs, rhs
+    elif rhs.free_symbols and rhs.free_symbols <= set(hints) and lhs.free_symbols and lhs.free_symbols <= set(ranges):
+        sizes, maxima, relation = rhs, lhs, _RELATIONS[relation]  # read as `sizes <relation> maxima`
+    else:
+        return None
+    try:
+        found = bound_sympy(maxima, {s: ValueRanges(lo, hi) for s, (lo, hi) in ranges.items()})
+        lo, hi, now = int(found.lower), int(found.upper), int(sizes.xreplace(hints))
+    except (TypeError, ValueError, AttributeError):  # an infinite or symbolic end: not decided
+        return None
+    # sizes R f(u) for every f in [lo, hi]: (True where ..., False where ...), each a condition on the sizes
+    always = {sympy.StrictLessThan: (sympy.Lt(sizes, lo), sympy.Ge(sizes, hi)),
+              sympy.LessThan: (sympy.Le(sizes, lo), sympy.Gt(sizes, hi)),
+              sympy.StrictGreaterThan: (sympy.Gt(sizes, hi), sympy.Le(sizes, lo)),
+              sympy.GreaterThan: (sympy.Ge(sizes, hi), sympy.Lt(sizes, lo))}[relation]
+    for value, condition in zip((sympy.true, sympy.false), always):
+        if condition.xreplace(hints) is sympy.true and _compat.guard_sizes(shape_env, condition):
+            log.debug("syncfree: %s decided %s for every value of the maxima by the guard %s (now %s)", expr, value,
+                      condition, now)
+            return value
+    return None
 
 
 @contextlib.contextmanager
@@ -414,10 +497,13 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
     try:
         while True:
             seen = _compat.graph_break_count()
+            policy.decided, policy.failed = set(), None
             try:
                 return compiled(*args, **kwargs)
             except Exception as e:
                 inner = e if isinstance(e, Retrace) else getattr(e, "inner_exception", None)
+                if not isinstance(inner, Retrace):
+                    inner = _outcome_failed(policy, e)
                 if not isinstance(inner, Retrace) or all(policy.modes.get(k) == v for k, v in inner.modes.items()):
                     raise
                 policy.modes.update(inner.modes)
@@ -428,9 +514,30 @@ def call_retracing(compiled, policy: TracingPolicy, *args, **kwargs):
         # A bound's outcome's evidence belongs to this call's compile only, returned or raised (as eager raises):
         # a recompile (another batch size under dynamic=False, other guards) traces both outcomes again and
         # compares them with each other, not with this compile's graph, which has other constants.
-        for line in [line for line, mode in policy.modes.items() if mode == "other"]:
+        for line in [line for line, mode in policy.modes.items() if mode in ("other", "regrown")]:
             del policy.modes[line]
             policy.evidence.pop(line, None)
+
+
+def _outcome_failed(policy: TracingPolicy, error: Exception) -> Retrace | None:
+    """Where the compile of the call's first frame failed (nothing of the call ran) while a branch on a bounded max
+    was traced at an outcome (this attempt decided it, or it is the other outcome's or the regrown scratch's trace):
+    the user's code need not hold for that outcome's maxima alone (`torch._check(m > 128)` after a branch whose
+    other outcome is m <= 128; found by a helper's programs, 2026-12-05). Those lines are traced again with the
+    range only (Dynamo breaks at the branch, eager's values); an error that does not come from the outcome is
+    raised again by that trace."""
+    failed, chain = policy.failed, []
+    seen = error
+    while seen is not None and len(chain) < 16:
+        chain.append(seen)
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__ or seen.__context__
+    lines = policy.decided | {line for line, mode in policy.modes.items() if mode in ("other", "regrown")}
+    if failed is None or not lines or not any(e is failed for e in chain):
+        return None
+    text = (str(failed).strip().splitlines() or [type(failed).__name__])[0][:200]
+    return Retrace({line: "final" for line in lines},
+                   why={line: f"tracing with the branch's outcome decided failed ({type(failed).__name__}: {text})"
+                        for line in lines})
 
 
 def undecided_branches() -> list[str]:

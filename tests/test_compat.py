@@ -289,6 +289,69 @@ def test_on_data_dependent_guard_decides_only_user_branches():
     assert asked == ["u0 > 2"] and out.tolist() == [3, 4]
 
 
+def test_size_facts_symbol_range_and_guard_sizes_on_a_branch_of_sizes_and_a_max():
+    """A branch `x.shape[0] < m` with x's size dynamic and m an `.item()` checked into [0, 9]: size_facts gives the
+    size's value in this call and the max's range, guard_sizes makes a condition on the size a shape guard (the
+    compiled code does not run, and is compiled again, for a call where it fails), known_at_least reads it."""
+    import sympy
+
+    seen = []
+
+    def hook(shape_env, expr):
+        facts = _compat.size_facts(shape_env, expr)
+        (size,), (maximum,) = facts[0], facts[1]
+        seen.append((facts[0][size], facts[1][maximum], _compat.symbol_range(shape_env, maximum)))
+        assert _compat.guard_sizes(shape_env, sympy.Ge(size, 10)) is (facts[0][size] >= 10)
+        assert not _compat.guard_sizes(shape_env, sympy.Lt(size, 0))
+        return sympy.false if facts[0][size] >= 10 else None
+
+    def step(x, lengths):
+        m = lengths.max().item()
+        torch._check(m >= 0)
+        torch._check(m <= 9)
+        return x + 1 if x.shape[0] < m else x - 1
+
+    _compat.on_data_dependent_guard(hook)
+    try:
+        torch._dynamo.reset()
+        with _compat.capture_scalar_outputs():
+            compiled = torch.compile(step, backend="eager", dynamic=True)
+            assert compiled(torch.zeros(12), torch.tensor([3, 9])).tolist() == [-1] * 12
+            assert compiled(torch.zeros(15), torch.tensor([3, 9])).tolist() == [-1] * 15  # the guard holds
+            assert compiled(torch.zeros(4), torch.tensor([3, 9])).tolist() == [1] * 4  # it fails: traced again
+    finally:
+        _compat._GUARD_HOOKS.remove(hook)
+        torch._dynamo.reset()
+    assert seen[0] == (12, (0, 9), (0, 9)) and len(seen) >= 2 and seen[-1][0] == 4
+    assert _compat.known_at_least(5, 5) and not _compat.known_at_least(4, 5)
+
+
+def test_frame_residual_reads_the_attribute_stores_with_their_graph_nodes():
+    found = []
+
+    class State:
+        pass
+
+    state = State()
+
+    def backend(gm, example_inputs):
+        residual = _compat.frame_residual(repr)
+        found.append((residual.stores, [n for n in gm.graph.nodes if n.op == "call_function"]))
+        return gm.forward
+
+    def step(x):
+        state.table = x * 2
+        state.flag = "set"
+        return x + 1
+
+    torch._dynamo.reset()
+    torch.compile(step, backend=backend, fullgraph=True)(torch.ones(3))
+    torch._dynamo.reset()
+    (stores, calls), = found
+    assert [where.rsplit(".", 1)[-1] for where, _ in stores] == ["flag", "table"]
+    assert stores[0][1] is None and stores[1][1] is calls[0]  # `x * 2`, the graph's node
+
+
 # -- constructs that break the trace before any max (issue 30, item 3) --------------------------------------
 def test_disabled_target_unwraps_only_a_disable_wrapper():
     def kernel(x):

@@ -304,7 +304,7 @@ def test_a_user_triton_launch_is_read_from_the_kernel_side_table_and_spelled_by_
     import torch.utils._triton as triton_utils
     import triton.language as tl
 
-    from compile_pass.traced_ranges import TraceSpelling, graph_signature
+    from compile_pass.trace_signature import TraceSpelling, graph_signature
 
     @triton.jit
     def fill(out_ptr, n, VALUE: tl.constexpr):

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from .accessors import (  # noqa: F401
     placeholder_source_name, example_value, storage_id, fake_mode_of, fresh_fake_mode, capture_scalar_outputs,
-    capture_scalar_outputs_enabled, graph_counters, known_equal, free_unbacked_symbols, run_and_get_code,
+    capture_scalar_outputs_enabled, graph_counters, known_equal, known_at_least, free_unbacked_symbols,
+    run_and_get_code,
     dynamo_cache_entries, mark_static_address, copy_dynamo_graph_module, overload_schemas, resolve_packet_call,
     graph_break_reasons, unseen_graph_break_reasons, no_guard_profiling, graph_break_count, invoke_subgraph_op,
     user_triton_kernel,
@@ -40,6 +41,7 @@ from .caches import (  # noqa: F401
 from .residual import frame_residual  # noqa: F401
 from .dynamo_hooks import (  # noqa: F401
     _ITEM_HOOKS, on_captured_item, symbol_of, _GUARD_HOOKS, RETRY, on_data_dependent_guard, shape_env_of,
+    size_facts, symbol_range, guard_sizes,
     assert_at_runtime, discard_graph_breaks, _CLASS_CALL_HOOKS, _DISABLED_CALL_HOOKS, unsupported,
     on_user_class_call, on_disabled_call, disabled_target, constant_of, python_type_of, list_items_of,
     is_tensor_variable, constant_variable,

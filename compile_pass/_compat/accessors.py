@@ -98,6 +98,19 @@ def known_equal(a, b) -> bool:
         return False
 
 
+def known_at_least(a, k: int) -> bool:
+    """Is the int / SymInt `a` at least `k` for every value its symbols may take in this trace (its guards
+    included; no guard added)? False when unknown."""
+    if isinstance(a, int):
+        return a >= k
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true(a >= k))
+    except Exception:  # noqa: BLE001  (an expression it cannot decide)
+        return False
+
+
 def free_unbacked_symbols(value) -> set:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as _free
 

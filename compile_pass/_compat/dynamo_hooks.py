@@ -138,6 +138,53 @@ def on_data_dependent_guard(hook) -> None:
     SymNodeVariable.evaluate_expr = evaluate_expr
 
 
+def size_facts(shape_env, expr):
+    """(hints, ranges) for a condition over symbols: each backed symbol's value in this trace (a size of an input:
+    Dynamo guards on it) and each unbacked symbol's value range as the shape env holds it ([lower, upper], ints;
+    the range given while tracing, runtime-asserted). None where a symbol has neither, or a range is not finite.
+    Read, not patched (ShapeEnv.backed_var_to_val, var_to_val before it; var_to_range): checked on 2.11.0, 2.13.0,
+    2.15.0, 2026-12-05 (tests/test_compat.py)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as _unbacked
+
+    values = getattr(shape_env, "backed_var_to_val", None)
+    if values is None:
+        values = shape_env.var_to_val
+    unbacked = set(_unbacked(expr))
+    hints, ranges = {}, {}
+    for symbol in getattr(expr, "free_symbols", ()):
+        if symbol in unbacked:
+            ranges[symbol] = symbol_range(shape_env, symbol)
+            if ranges[symbol] is None:
+                return None
+        elif symbol in values and getattr(values[symbol], "is_Integer", False):
+            hints[symbol] = int(values[symbol])
+        else:
+            return None
+    return hints, ranges
+
+
+def symbol_range(shape_env, symbol):
+    """(lower, upper) of a symbol's value range in the shape env (ShapeEnv.var_to_range), ints; None where it is
+    not finite or not known. Read, not patched: checked on 2.11.0, 2.13.0, 2.15.0, 2026-12-05."""
+    found = getattr(shape_env, "var_to_range", {}).get(symbol)
+    lower, upper = getattr(found, "lower", None), getattr(found, "upper", None)
+    if not (getattr(lower, "is_Integer", False) and getattr(upper, "is_Integer", False)):
+        return None
+    return int(lower), int(upper)
+
+
+def guard_sizes(shape_env, condition) -> bool:
+    """Make `condition` (over backed symbols only: input sizes) a guard of this trace, as Dynamo's own shape
+    guards are (checked on the host before the compiled code runs; a call where it fails compiles again). True
+    where it holds in this trace and was recorded. ShapeEnv.evaluate_expr: checked on 2.11.0, 2.13.0, 2.15.0."""
+    import sympy
+
+    try:
+        return shape_env.evaluate_expr(condition) is sympy.true
+    except Exception:  # noqa: BLE001 -- not recorded: not decided
+        return False
+
+
 def shape_env_of(value):
     """The ShapeEnv behind a SymInt / SymBool (None for a plain value)."""
     return getattr(getattr(value, "node", None), "shape_env", None)

@@ -28,6 +28,10 @@ Patch-free, but private, dated:
     `(fn, args, kwargs)`; `OutputGraph.global_scope` is the frame's globals (where `install_global` puts what the
     code loads); a graph input's source is `OutputGraph.graphargs[i].source`, whose `guard_source` is
     `GuardSource.RANDOM_VALUE` for a random call's value.
+  * 2026-12-05, torch 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0: `OutputGraph.side_effects.store_attr_mutations`
+    (owner VariableTracker -> attribute -> value VariableTracker; a source without a name raises
+    NotImplementedError: TempLocalSource) for FrameResidual.stores; a DUPLICATE_INPUT guard's `create_fn` is a
+    partial holding `source_b` (_guard_texts).
 Anywhere else `frame_residual()` is None and the caller refuses to call two traces the same (the branch breaks the
 graph, as without the backend).
 Removed by: a Dynamo API that exposes the code around the graph (or a side-effect summary) to the backend.
@@ -48,12 +52,16 @@ class FrameResidual(NamedTuple):
     guards: the guards the compiled code will run under.
     uncompared: what runs around the graph that `before` and `after` do not hold (Python random calls replayed
         before the graph, their arguments in a closure; a graph input that is such a call's value), one line each;
-        a trace with any is never the same computation as another."""
+        a trace with any is never the same computation as another.
+    stores: the attribute stores among the side effects, as (where: the owner's source and the attribute,
+        `L['self'].buf`; the FX node of the graph whose value is stored there, or None for anything else), sorted
+        by where; None where they cannot be read. `after` holds them too, as code: this says which is which."""
 
     before: str
     after: str
     guards: frozenset
     uncompared: tuple
+    stores: tuple | None = None
 
 
 def _compile_subgraph_frame():
@@ -124,7 +132,7 @@ def frame_residual(spell: Callable[[object], str]) -> FrameResidual | None:
             return None
         output = found["self"]
         global_scope = output.global_scope
-        guards = {f"{_COUNTER.sub('___', g.name)} {g.create_fn_name()}" for g in output.guards}
+        guards = _guard_texts(output.guards)
         shape_env = getattr(output, "shape_env", None)
         guards |= {f"shape {_sourced(g.expr, shape_env)}" for g in getattr(shape_env, "guards", None) or ()}
         before = _instructions(list(output.output_instructions), spell, global_scope)
@@ -136,8 +144,90 @@ def frame_residual(spell: Callable[[object], str]) -> FrameResidual | None:
             after.append("the graph's outputs, as they are")  # the fast path: no side effects, tensors only
         else:
             after += _instructions(pass2.get_instructions(), spell, global_scope)
-        return FrameResidual("\n".join(before), "\n".join(after), frozenset(guards), _uncompared(output))
+        return FrameResidual("\n".join(before), "\n".join(after), frozenset(guards), _uncompared(output),
+                             _stores(output))
     except Exception:  # a torch whose locals differ: nothing read
+        return None
+
+
+def _guard_texts(guards) -> set:
+    """Each guard as `source kind`, Dynamo's counters in global names dropped. A source Dynamo found to be another
+    one (DUPLICATE_INPUT: `G['a'].torch` is `G['b'].torch`, the module reached through two globals) is one object:
+    each duplicate guard is spelled by its pair of sources, sorted, and every other guard's source by the least
+    source of its class, so that two traces that reached one object by the two paths in another order (their
+    guards installed on whichever path came first) spell the same conditions alike. Only this trace's own
+    duplicate guards join sources, and each stays among the texts: a set that holds another's texts asserts the
+    same identities. `Guard.create_fn` is a partial with `source_b` for DUPLICATE_INPUT: checked on torch 2.11.0,
+    2.13.0, 2.15.0, 2026-12-05."""
+    def name_of(source) -> str:
+        return _COUNTER.sub("___", source.name() if callable(source.name) else source.name)
+
+    parent: dict = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for g in guards:
+        other = _duplicate_of(g)
+        if other is not None:
+            a, b = _COUNTER.sub("___", g.name), name_of(other)
+            parent.setdefault(a, a)
+            parent.setdefault(b, b)
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    members = sorted(parent, key=len, reverse=True)  # the longest source first: `G['a'].torch.ops` before `.torch`
+
+    def canonical(name: str) -> str:
+        for member in members:
+            if name == member or name.startswith((member + ".", member + "[")):
+                return find(member) + name[len(member):]
+        return name
+
+    classes: dict = {}
+    for member in parent:
+        classes.setdefault(find(member), set()).add(member)
+    texts = {" is ".join(sorted(c)) + " DUPLICATE_INPUT" for c in classes.values()}
+    for g in guards:
+        if _duplicate_of(g) is not None:
+            continue
+        texts.add(f"{canonical(_COUNTER.sub('___', g.name))} {g.create_fn_name()}")
+    return texts
+
+
+def _duplicate_of(guard):
+    """The other source of a DUPLICATE_INPUT guard, or None."""
+    if guard.create_fn_name() != "DUPLICATE_INPUT":
+        return None
+    return getattr(guard.create_fn, "keywords", {}).get("source_b")
+
+
+def _stores(output) -> tuple | None:
+    """FrameResidual.stores: `OutputGraph.side_effects.store_attr_mutations` (the owner's VariableTracker -> the
+    attribute -> the value's VariableTracker), each owner by its source, or, for an object the frame made (no
+    source, or one with no name: a TempLocalSource), by its place among those (`<made #0>`, in the side effects'
+    order); a value by the graph node of its
+    proxy where it is a tensor of the graph (`TensorVariable.as_proxy().node`). Checked on torch 2.11.0, 2.13.0,
+    2.15.0, 2026-12-05."""
+    try:
+        found, made = [], 0
+        for owner, attributes in output.side_effects.store_attr_mutations.items():
+            source = getattr(owner, "source", None)
+            try:
+                name = None if source is None else source.name() if callable(source.name) else source.name
+            except NotImplementedError:  # a source with no name of its own (TempLocalSource): a made object's
+                name = None
+            if name is None:
+                name, made = f"<made #{made}>", made + 1
+            for attribute, value in attributes.items():
+                node = None
+                if type(value).__name__ == "TensorVariable":
+                    node = getattr(value.as_proxy(), "node", None)
+                found.append((f"{name}.{attribute}", node))
+        return tuple(sorted(found, key=lambda pair: pair[0]))
+    except Exception:  # noqa: BLE001 -- another torch: not read
         return None
 
 

@@ -24,8 +24,9 @@ The table's forms (issue 30: SGLang's FlashMLA and TRTLLM-MLA with the CPU mirro
     t = torch.full((B, n), -1); t[:B, :n]     a full view of such an allocation (FlashMLA's scratch grown from
                                               None: allocated, stored, and sliced whole): the same table, both
                                               widened together
-    torch.full((R, max(n, C)), -1)[:B, :n]    the scratch regrown for more rows (C >= the bound's pages, the
-                                              width it had): a buffer C wide, sliced
+    torch.full((R, max(n, C)), -1)[:B, :n]    the scratch regrown (C the width it had: an int, or its size once
+                                              Dynamo made it dynamic): a buffer max(C, W) wide, sliced
+                                              (rules/sliced_scratch.py)
 with n the page count `cdiv(m + c, ps)`, or its round-up `cdiv(cdiv(m + c, ps), L) * L` (TRTLLM-MLA's
 `_calc_padded_blocks`): the static width is the same expression at m = bound. Under static_escapes the table may
 also leave the step (stored on the backend's metadata), at the static width.
@@ -48,11 +49,14 @@ from ..find_sync_points import SyncPoint
 from ..mutations import written_by
 from ..fx_util import node_location, replace_uses
 from ..allocations import as_allocation, with_size
-from ..normalize import (ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, is_int_constant, page_count,
+from ..normalize import (ASSERTS, INT_DTYPES, ceil_div, holds_for_every_value, page_count,
                          plus_constant, row_stride_of)
+from ..trace_signature import ScratchTable
 from ..proof import ProofContext, Unsafe, check_outputs_keep, check_page_size, declare_reasons, describe_use
 from . import register_rule
 from .bounded_writers import BoundedWriter, Launch, launch_of
+from .sliced_scratch import (base_width, check_buffer, check_regrown, covering_constant, covering_size, sized_equal,
+                             stride_at, within_sized)
 from .self_guarding import lookup_consumer
 from .host_max import HostMaxRule, HostMaxWalk, assert_lengths, erase_read, rewrite_escapes, rewrite_host_checks
 
@@ -87,7 +91,9 @@ class TablePlan:
     escapes: bool = False  # the table itself reaches the graph output (static_escapes): it leaves at the width
     slack: int = 0  # the tokens past the max that eager's table covers for every value of it (the round-up's)
     aliases: tuple = ()  # full views `t[:B, :n]` of the allocation `t` (B, n): the table itself, widened with it
-    covers: tuple = ()  # (node, C): `max(n, C)` with C >= the static width: C for every n within it
+    covers: tuple = ()  # (node, C): `max(n, C)`, C an int: max(C, static width) for every n within it
+    sized: tuple = ()  # `max(n, s)` nodes, s an input's size: `max(static width, s)` (the scratch's own width)
+    stride_param: str | None = None  # the writer's row-stride parameter (its facts' table_stride)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +119,10 @@ class AllocatedTablePlan:
     # (sync_pass.PassResult.allocated_scratch), and the later steps' graph, which takes the scratch as an input,
     # with them.
     allocated_scratch: bool = False
+    # The sliced tables `buf[:B, :n]` of a persistent scratch, a graph input, or an allocation the step stores
+    # (traced_ranges.ScratchTable): what settle_at_bound compares where the bound's outcome regrows the scratch
+    # that the other outcome slices (trace_signature.regrown_scratch).
+    scratch_tables: tuple = ()
 
 
 # -- the proof --------------------------------------------------------------------------------------------
@@ -152,7 +162,10 @@ class _Walk(HostMaxWalk):
     def __init__(self, point: SyncPoint, ctx: ProofContext, bound: int):
         super().__init__(point, ctx, bound)
         self.tables, self.bounds, self.pending = [], [], []
-        self.covers: dict = {}  # the current page count's `max(n, C)` nodes -> C (on_page_count)
+        self.covers: dict = {}  # the current page count's `max(n, C)` nodes -> max(C, static width) (on_page_count)
+        self.widened: list = []  # those with C below the static width (check_widened_covers)
+        self.sized: set = set()  # `max(n, s)` nodes, s an input's size: rewritten to `max(static width, s)`
+        self.static_width = 0  # the current page count's (on_page_count)
 
     def on_use(self, user: torch.fx.Node, node: torch.fx.Node, offset: int) -> bool:
         entry = lookup_consumer(user) if user.op == "call_function" else None
@@ -192,7 +205,7 @@ class _Walk(HostMaxWalk):
                 rounding = (*rounding, check, *check.users)
             count = width
             extra = self.round_up_slack(extra, page_size, add, multiple)
-        allocations, slices, strides, bookkeeping, writers, grids, covers = [], [], [], [], [], [], {}
+        allocations, slices, strides, bookkeeping, writers, grids, covers, widened = [], [], [], [], [], [], {}, []
         for user in count.users:
             alloc = as_allocation(user)
             if alloc is not None and is_table_of(alloc, count):
@@ -215,8 +228,13 @@ class _Walk(HostMaxWalk):
                 strides.append(user)
                 continue
             covered = covering_constant(user, count)
-            if covered is not None and covered >= pages:  # `max(n, C)`: C for every n in [0, pages]
-                covers[user] = covered
+            if covered is not None:  # `max(n, C)`: C for every n in [0, pages] where C >= pages; else at most pages
+                covers[user] = max(covered, pages)
+                if covered < pages:
+                    widened.append(user)
+                continue
+            if covering_size(user, count) is not None:  # `max(n, s)`, s a size of an input: at most max(pages, s)
+                widened.append(user)
                 continue
             if user.op == "call_function" and user.target in (operator.ge, operator.gt, operator.le, operator.lt) \
                     and user.users and all(u.op == "call_function" and u.target in ASSERTS for u in user.users):
@@ -235,9 +253,12 @@ class _Walk(HostMaxWalk):
             raise Unsafe("width_use", f"the page count at {node_location(count)} sizes "
                                       f"{len(allocations) + len(slices)} tables; one table, one writer")
         (allocation,) = allocations or slices
-        self.covers = covers
+        self.covers, self.widened, self.static_width = covers, widened, pages
+        self.sized = {w for w in widened if w not in covers}  # `max(n, s)`: max(pages, s) once rewritten
         if slices:
-            self.check_buffer(allocation, pages)
+            pages = check_buffer(allocation, pages, self.covers, self.sized, self.point.value, self.bound, extra,
+                                 page_size, bool(rounding))
+            self.static_width = pages
         for stride in strides:
             for user in stride.users:
                 if _compat.user_triton_kernel(user) is None and launch_of(user) is None:
@@ -262,31 +283,6 @@ class _Walk(HostMaxWalk):
         width = rounded_width(values, extra, page_size, add, multiple)
         return max(extra, int((width * page_size - values).min()))
 
-    def check_buffer(self, table: torch.fx.Node, pages: int) -> None:
-        """`buf[:B, :n]`: a persistent int buffer (a graph input or attribute) already as wide as the bound's
-        pages, statically, so that `buf[:B, :pages]` holds the same cells eager's slice holds, and more."""
-        base = table.args[0]
-        bv = example_value(base)
-        spelled = as_allocation(base)
-        if (base.op not in ("placeholder", "get_attr") and (spelled is None or spelled.rank != 2)) \
-                or getattr(bv, "ndim", 0) != 2 or bv.dtype not in INT_DTYPES:
-            raise Unsafe("not_a_table", f"the page count slices {describe_use(base)}, not a persistent 2-D int "
-                                        "buffer (a graph input or attribute) nor a 2-D int allocation")
-        width = self.base_width(base)
-        if not isinstance(width, int) or width < pages:
-            raise Unsafe("buffer_narrow", f"the buffer {base.name} sliced at {node_location(table)} is {width} "
-                                          f"columns wide, not statically as wide as the bound's {pages} pages: the "
-                                          "static width would not fit in it")
-
-    def base_width(self, base: torch.fx.Node):
-        """The width of a sliced buffer: a graph input's static one, or an allocation's (SGLang's regrown scratch
-        `torch.full((rows, max(n, W)), -1)`: W, a covering width, for every n within the bound)."""
-        spelled = as_allocation(base)
-        if spelled is None or spelled.rank != 2:
-            return example_value(base).shape[1]
-        width = spelled.sizes[1]
-        return self.covers.get(width) if isinstance(width, torch.fx.Node) else width
-
     def follow_table(self, count, page_size, extra, pages, allocation, strides, bookkeeping, width_readers,
                      sliced=False, rounding=(), grids=(), aliases=()):
         tv = example_value(allocation)
@@ -302,8 +298,8 @@ class _Walk(HostMaxWalk):
         checks = [size_checks(u, through[u]) for u in users]
         for user, found in zip(users, checks):
             if found is not None:  # Dynamo's bookkeeping for a slice's width (true for any width in [0, pages])
-                if not all(holds_for_every_value(c, user, pages, self.covers) for c in found
-                           if c.target not in ASSERTS):
+                if not all(holds_for_every_value(c, user, pages, self.covers) or within_sized(c, user, self.sized)
+                           for c in found if c.target not in ASSERTS):
                     raise Unsafe("width_check", f"the table's width is checked at {node_location(user)} by a "
                                                 "check that does not hold for every width, which must keep its "
                                                 "meaning")
@@ -360,10 +356,13 @@ class _Walk(HostMaxWalk):
             other = min(width_readers - {writer}, key=self.ctx.index)
             raise Unsafe("width_use", f"the table's width reaches {describe_use(other)}, which is not its writer")
         grid_nodes = tuple((node, ppp) for _, ppp, node in grids)
+        check_regrown(self.widened, allocation, writer, facts.table_stride, bookkeeping,
+                      self.ctx.options.static_escapes)
         self.tables.append(TablePlan(count, pages, page_size, allocation, strides, writer, facts.name,
                                      (*bookkeeping, *(n for chain, _, _ in grids for n in chain)),
                                      tuple(consumers), sliced, tuple(rounding), grid_nodes, escapes, extra,
-                                     tuple(aliases), tuple(self.covers.items())))
+                                     tuple(aliases), tuple(self.covers.items()), tuple(self.sized),
+                                     facts.table_stride))
 
     @staticmethod
     def table_use(user: torch.fx.Node) -> Unsafe:
@@ -399,9 +398,14 @@ class _Walk(HostMaxWalk):
             stride = args.get(facts.table_stride)
             if sliced:  # the buffer's own row stride: the same for the slice at any width
                 base = allocation.args[0]
-                real = self.base_width(base) if as_allocation(base) is not None else example_value(allocation).stride(0)
+                real = base_width(base, self.covers, self.sized) if as_allocation(base) is not None \
+                    else example_value(allocation).stride(0)
                 stride = self.covers.get(stride, stride) if isinstance(stride, torch.fx.Node) else stride
-                if not (isinstance(stride, int) and isinstance(real, int) and stride == real):
+                if stride in self.sized and real in self.sized and sized_equal(stride, real, count, self.static_width):
+                    pass  # the regrown allocation's own width, max(W, s), spelled either way
+                elif not (isinstance(stride, int) and isinstance(real, int) and stride == real) and not (
+                        isinstance(stride, torch.fx.Node) and not isinstance(real, torch.fx.Node)
+                        and _compat.known_equal(example_value(stride), real)):  # a dynamic width: one size
                     raise Unsafe("width_use", f"{name}'s {facts.table_stride!r} ({stride!r}) is not the buffer's row "
                                               f"stride ({real})")
             elif stride not in width_nodes:
@@ -464,15 +468,19 @@ class _Walk(HostMaxWalk):
         touches = self.shared_touches()
         for t in self.tables:
             touches |= {t.count, t.allocation, *t.aliases, t.writer, *t.strides, *t.bookkeeping, *t.consumers,
-                        *t.rounding, *(node for node, _ in t.covers), *(t.allocation.args[:1] if t.sliced else ()),
+                        *t.rounding, *(node for node, _ in t.covers), *t.sized,
+                        *(t.allocation.args[:1] if t.sliced else ()),
                         *(node for node, _ in t.grids)}
         touches |= {c for c, _, _ in self.bounds}
         scratch = frozenset(t.allocation.args[0] for t in self.tables
                             if t.sliced and t.allocation.args[0].op == "placeholder")
-        allocated_scratch = any(t.escapes and (t.aliases or t.covers) for t in self.tables)
+        allocated_scratch = any(t.escapes and (t.aliases or t.covers or t.sized) for t in self.tables)
+        tables = tuple(ScratchTable(t.allocation.args[0], t.allocation, t.writer,
+                                    stride_at(t.writer, t.writer_name, t.stride_param))
+                       for t in self.tables if t.sliced)
         return AllocatedTablePlan(self.point, self.bound, bound_source, tuple(self.tables), tuple(self.bounds),
                                   tuple(self.checks), tuple(self.escapes), tuple(self.lengths_uses), tuple(self.offsets), frozenset(touches),
-                                  frozenset(self.disjoint), scratch, allocated_scratch)
+                                  frozenset(self.disjoint), scratch, allocated_scratch, tables)
 
 
 def _full_view(view: torch.fx.Node, allocation: torch.fx.Node) -> bool:
@@ -480,17 +488,6 @@ def _full_view(view: torch.fx.Node, allocation: torch.fx.Node) -> bool:
     every cell of `t`, at `t`'s own strides."""
     spelled = as_allocation(allocation)
     return view.args[0] is allocation and spelled is not None and _same_size(view.args[1][0].stop, spelled.sizes[0])
-
-
-def covering_constant(node, count: torch.fx.Node):
-    """C for `torch.sym_max(n, C)` / `max(C, n)` of the page count n and an int C, else None: the width of a
-    scratch regrown for more rows (`max(n, buf.shape[1])`), C wherever n <= C."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
-            or node.target not in (torch.sym_max, max) or len(node.args) != 2 or node.kwargs:
-        return None
-    a, b = node.args
-    other = b if a is count else a if b is count else None
-    return other if other is not None and is_int_constant(other) else None
 
 
 def _held_by(launch: Launch):
@@ -583,9 +580,16 @@ class AllocatedTableMax(HostMaxRule):
     least the static width W (the width the last step stored): `max(n, C)` is C for every n in [0, W], so every
     use of it gets C (under `checked` the lengths are asserted, as for every rewrite), the allocation is then a
     buffer statically C >= W wide, and its slice is the sliced scratch above (the writer's stride is the
-    allocation's own row stride, C). The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below n, a multiple of L; W is the round-up of
-    the bound's page count, at least eager's width for every m within the bound (monotone), and a multiple of L
-    as the consumer may require. Dynamo's `blocks % L != 0` branch is the tracing side's (compile_pass/tracing.py):
+    allocation's own row stride, C). Where C is below W (a scratch an earlier step left narrower) or a size of an
+    input (its width once Dynamo made it dynamic), `max(n, C)` becomes `max(W, C)`: at least eager's width for
+    every n, and no longer its value, so it may only be the allocation's width, the writer's row stride and checks
+    that hold for every width, and the allocation may only be the table's base and leave the step, under
+    static_escapes (rules/sliced_scratch.py: the scratch is stored wider than eager's). In a trace of a branch's
+    other outcome (traced_ranges.OTHER) a persistent scratch narrower than W is sliced at the pages of the largest
+    max that outcome admits, where they fit (check_buffer): that graph is only compared, never run for a larger
+    max (trace_signature.regrown_scratch). The round-up `(n + a) // L * L` (a >= L - 1, TRTLLM-MLA): never below
+    n, a multiple of L; W is the round-up of the bound's page count, at least eager's width for every m within
+    the bound (monotone), and a multiple of L as the consumer may require. Dynamo's `blocks % L != 0` branch is the tracing side's (compile_pass/tracing.py):
     either outcome gives the same round-up.
     """
 
@@ -605,10 +609,13 @@ class AllocatedTableMax(HostMaxRule):
         parts = []
         dead = rewrite_host_checks(graph, plan.checks)
         for t in plan.tables:
-            for cover, constant in t.covers:  # `max(n, C)` is C within the bound: every use gets C
+            for cover, constant in t.covers:  # `max(n, C)` is max(C, W) within the bound: every use gets it
                 for user in list(cover.users):
                     replace_uses(user, cover, constant)
                 dead.append(cover)
+            for cover in t.sized:  # `max(n, s)` -> `max(W, s)`: the regrown scratch's width, at least W
+                replace_uses(cover, t.count, t.pages)
+                _refresh(cover)
             _widen(t)
             for stride in t.strides:
                 replace_uses(t.writer, stride, max(1, t.pages))
@@ -617,11 +624,13 @@ class AllocatedTableMax(HostMaxRule):
                 replace_uses(t.writer, node, ceil_div(t.pages, per_program))
             dead += [*t.bookkeeping, *t.strides, *(node for node, _ in t.grids), *reversed(t.rounding)]
             what = "sliced table" if t.sliced else "allocated table"
+            regrown = "".join(f"; the regrown width max(n, {covering_constant(n, t.count)}) is {c} within the bound"
+                              for n, c in t.covers) + (f"; the regrown width max(n, s) is max({t.pages}, s)"
+                                                       if t.sized else "")
             parts.append(f"{what} -> width {t.pages} (page_size {t.page_size}"
                          f"{', rounded up' if t.rounding else ''}), written by {t.writer_name}"
                          f"{f'; the round-up covers the max + {t.slack} for every value of it' if t.rounding else ''}"
-                         f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}"
-                         f"{''.join(f'; the regrown width max(n, {c}) is {c} within the bound' for _, c in t.covers)}")
+                         f"{'; the table leaves at that width (static_escapes)' if t.escapes else ''}{regrown}")
         for consumer, node, value in plan.bounds:
             replace_uses(consumer, node, value)
             parts.append(f"upper bound -> {value}")
@@ -640,7 +649,7 @@ def _widen(table: TablePlan) -> None:
     read it), and so do those of its row views `t[:B']`, which have the same width: a stale view would still hold
     the dynamic width's unbacked symbol, and the backend would turn CUDA graphs off for a graph that holds none."""
     node = table.allocation
-    if table.sliced and table.covers:  # a regrown allocation sliced: its width is now the covering constant
+    if table.sliced and (table.covers or table.sized):  # a regrown allocation sliced: its width is now the cover's
         _refresh(node.args[0])
     if table.sliced:
         base, (rows, cols) = node.args

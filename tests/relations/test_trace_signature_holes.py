@@ -1,5 +1,5 @@
 """Five programs on which two traces of a branch's outcomes were called one computation and were not (the review of
-traced_ranges.TraceSignature, 2026-12-05), and the evaluation of a later branch over the admitted maxima.
+trace_signature.TraceSignature, 2026-12-05), and the evaluation of a later branch over the admitted maxima.
 
 A branch on a bounded max whose outcome differs inside [0, bound] is traced with the bound's outcome, then with
 the other one; where the two traces' TraceSignature are equal the compiled step runs the second trace's code for
@@ -32,7 +32,7 @@ import torch
 import torch._dynamo
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
-from compile_pass import traced_ranges
+from compile_pass import trace_signature, traced_ranges
 from consumers_for_tests import WRITE_ROWS
 from paged_steps import paged_inputs
 from passlib import compile_traced
@@ -293,7 +293,7 @@ def test_the_same_struct_class_in_both_outcomes_is_still_rewritten(bound, page_s
 
 
 def test_constants_are_spelled_by_value_only_where_their_repr_is_the_whole_value():
-    spell = traced_ranges.TraceSpelling()
+    spell = trace_signature.TraceSpelling()
     assert spell(0.0) != spell(-0.0) and spell(float("nan")) == spell(float("nan")) != spell(float("inf"))
     # a NaN by its bits: -nan (what `inf - inf` gives on x86) and another payload print as nan (a helper's program,
     # 2026-12-05: a branch whose outcomes passed nan and -nan to one Triton launch was merged, a wrong sign bit)

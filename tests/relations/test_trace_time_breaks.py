@@ -3,7 +3,7 @@ width (2796c9e, ec7005b): programs on which the compiled step must give eager's 
 length in [0, bound].
 
 A branch on a bounded max whose outcome differs inside the range is traced with each outcome, and the two traces
-are called one computation where traced_ranges.frame_signature is equal: the rewritten FX graph (placeholders by
+are called one computation where trace_signature.frame_signature is equal: the rewritten FX graph (placeholders by
 source) and the residual bytecode after the graph (_compat.frame_residual: `pass2` of compile_subgraph). The
 accepted compile then runs, for every max, the code of the trace with the OTHER outcome (the second one). Three
 things decided what that code does and were in neither part of the signature; each broke the equality below

@@ -984,15 +984,189 @@ def test_under_cudagraphs_the_graph_that_allocates_the_scratch_runs_without_them
         assert ("triton.cudagraphs" in state.patches) is not allocates, state.patches
 
 
-def test_a_regrown_width_narrower_than_the_bound_keeps_the_max():
-    """`max(n, C)` with C below the bound's pages is not C for every n within the bound: the max is kept."""
+def test_a_regrown_width_narrower_than_the_bound_is_widened_to_it():
+    """`max(n, C)` with C below the bound's pages (4 < 8) is at most 8 for every n within the bound, not C: the
+    allocation gets the static width 8 (a temporary here: nothing else sees its width), eager's values."""
     def step(q, k, v, r2t, rpi, seq_lens):
         bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
         table = torch.full((bs, max(n, 4)), -1, dtype=torch.int32)[:bs, :n]  # 4 < 8 pages
         WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
         return ATTN(q, k, v, table, seq_lens.to(torch.int32))
 
-    assert kept_codes(_first_step_report(step)) == [("width_use", "allocated_table")]
+    backend = _first_step_report(step)
+    assert not backend.report.kept and "regrown width max(n, 4) is 8" in backend.report.rewritten[0].reason, \
+        str(backend.report)
+
+
+@pytest.mark.parametrize("use", ["returned", "summed", "as_int"])
+def test_a_regrown_width_narrower_than_the_bound_used_otherwise_keeps_the_max(use):
+    """Widened, `max(n, 4)` changes value: where it or its allocation is used for anything but the table (the
+    allocation returned or read whole without static_escapes, the width itself returned), the max is kept."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs, n = seq_lens.shape[0], (seq_lens.max().item() + PS - 1) // PS
+        cols = max(n, 4)
+        buf = torch.full((bs, cols), -1, dtype=torch.int32)
+        table = buf[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        out = ATTN(q, k, v, table, seq_lens.to(torch.int32))
+        if use == "returned":
+            return out, buf
+        if use == "summed":
+            return out, buf.sum(dim=1)
+        return out, torch.full((1,), cols)
+
+    backend = _first_step_report(step)
+    assert backend.report.kept and not backend.report.rewritten, str(backend.report)
+
+
+# An eager step before the first compiled one left the scratch 2 pages wide: with 2 rows (fewer than the compiled
+# batch: the grow branch is decided by the rows) or with 7 (as many as the batches: decided by the width, a branch
+# on the max whose outcome differs inside [0, bound]).
+NARROW_STARTS = {"rows": [100, 1], "width": [100, 1, 1, 1, 1, 1, 1]}
+
+
+def _narrow_vectors(bound):
+    edge = 2 * PS  # the largest max the narrow scratch holds
+    return [[1, 1, 1], [edge, 5, 0], [edge + 1, 1, 1], [bound, 3, 0], [edge, edge, edge], [0, 0, 0],
+            [bound - PS, PS + 1, 7], [2, 3], [1, 2, 3, 4, 5, 6, 7], [edge + 1, 7, 7], [7, 7, 7]]
+
+
+def _narrow_pair(bound, step_of, start="width"):
+    compiled_state, eager_state = Scratch(), Scratch()
+    for state in (compiled_state, eager_state):
+        step_of(state)(*realistic_inputs(NARROW_STARTS[start], bound, 99))
+    assert compiled_state.buf.shape[1] == 2
+    return compiled_state, eager_state
+
+
+@pytest.mark.parametrize("start", sorted(NARROW_STARTS))
+@pytest.mark.parametrize("dynamic", [False, None], ids=["static", "automatic"])
+@pytest.mark.parametrize("bound", [4096, 32768])
+def test_a_scratch_left_narrower_reaches_the_static_width_in_the_first_compiled_call(bound, dynamic, start):
+    """Issue 45 item 5: the first compiled step meets the scratch an eager step left 2 pages wide, at a max the
+    narrow scratch holds (eager reuses it) and then past it. Under static_escapes the first compiled call stores the
+    scratch at the bound's pages whatever the max (the grow branch's two outcomes: trace_signature.regrown_scratch;
+    a scratch regrown for more rows: `max(n, 2)` widened), no graph break, no host read; the outputs and the
+    stored table's cells within each row's pages are eager's, for maxima on both sides of the branch's edge."""
+    pages = -(-bound // PS)
+    compiled_state, eager_state = _narrow_pair(bound, grown_step, start)
+    seen = len(compile_pass._compat.graph_break_reasons())
+    compiled, backend = compile_traced(grown_step(compiled_state), dynamic=dynamic, max_context_len=bound,
+                                       static_escapes=True, checked=True)
+    eager = grown_step(eager_state)
+    for n, lengths in enumerate(_narrow_vectors(bound)):
+        got, want = compiled(*realistic_inputs(lengths, bound, n)), eager(*realistic_inputs(lengths, bound, n))
+        torch.testing.assert_close(got, want)
+        assert compiled_state.buf.shape[1] == pages and compiled_state.buf.dtype == eager_state.buf.dtype
+        for b, length in enumerate(lengths):
+            used = -(-length // PS)
+            assert torch.equal(compiled_state.stored[b, :used], eager_state.stored[b, :used])
+    assert compile_pass._compat.graph_break_reasons()[seen:] == []
+    reports = backend.reports
+    assert all(not r.kept and [i.rule for i in r.rewritten] == ["allocated_table"] for r in reports), \
+        "\n".join(map(str, reports))
+    assert f"regrown width max(n, 2) is {pages}" in reports[0].rewritten[0].reason, str(reports[0])
+
+
+def test_a_check_the_other_outcome_contradicts_gives_eager_values():
+    """The user's `torch._check(m > 2 * PS)` after the grow branch: the other outcome's trace (m <= 128) fails on
+    it, and the branch is left to Dynamo (found by a helper's programs, 2026-12-05: every valid call raised)."""
+    bound = 4096
+
+    def checked_step(state):
+        def step(q, k, v, r2t, rpi, seq_lens):
+            bs, m = seq_lens.shape[0], seq_lens.max().item()
+            n = (m + PS - 1) // PS
+            buf = state.buf
+            if buf.shape[1] < n:
+                buf = torch.full((buf.shape[0], max(n, buf.shape[1])), -1, dtype=torch.int32)
+                state.buf = buf
+            torch._check(m > 2 * PS)  # the caller's promise: long contexts only
+            table = buf[:bs, :n]
+            WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+            return ATTN(q, k, v, table, seq_lens.to(torch.int32))
+
+        return step
+
+    compiled_state, eager_state = _narrow_pair(bound, grown_step)
+    compiled, _ = compile_traced(checked_step(compiled_state), dynamic=False, max_context_len=bound,
+                                 static_escapes=True, checked=True)
+    eager = checked_step(eager_state)
+    for n, lengths in enumerate([[2 * PS + 1, 1, 1], [bound, 1, 1], [300, 200, 1]]):
+        torch.testing.assert_close(compiled(*realistic_inputs(lengths, bound, n)),
+                                   eager(*realistic_inputs(lengths, bound, n)))
+
+
+def test_without_static_escapes_a_scratch_left_narrower_breaks_at_its_branch():
+    """The regrown scratch leaves wider than eager's: without static_escapes the branch is not settled (a graph
+    break at the user's line, eager's values and eager's scratch)."""
+    bound = 4096
+    compiled_state, eager_state = _narrow_pair(bound, grown_step)
+    seen = len(compile_pass._compat.graph_break_reasons())
+    compiled, backend = compile_traced(grown_step(compiled_state), dynamic=False, max_context_len=bound,
+                                       checked=True)
+    eager = grown_step(eager_state)
+    for n, lengths in enumerate(_narrow_vectors(bound)[:4]):
+        torch.testing.assert_close(compiled(*realistic_inputs(lengths, bound, n)),
+                                   eager(*realistic_inputs(lengths, bound, n)))
+        assert compiled_state.buf.shape == eager_state.buf.shape
+    assert any(where.endswith("paged_steps.py:47") for _, where in compile_pass._compat.graph_break_reasons()[seen:])
+
+
+def _variant_step(state, variant):
+    """grown_scratch_step with one difference between the grow branch's outcomes that is not where the scratch's
+    cells live: each must keep the two outcomes apart (eager's values, eager's state)."""
+    def step(q, k, v, r2t, rpi, seq_lens):
+        bs = seq_lens.shape[0]
+        n = (seq_lens.max().item() + PS - 1) // PS
+        buf = state.buf
+        if buf is None or buf.shape[0] < bs or buf.shape[1] < n:
+            rows = bs if buf is None else max(bs, buf.shape[0])
+            cols = n if buf is None else max(n, buf.shape[1])
+            dtype = torch.int64 if variant == "dtype" and buf is not None else torch.int32
+            buf = torch.full((rows, cols), -1, dtype=dtype)
+            state.buf = buf
+            if variant == "counter":
+                state.grown = getattr(state, "grown", 0) + 1
+            if variant == "stored_twice":
+                state.spare = buf
+        elif variant == "reuse_stores":
+            state.reused = True
+        previous = state.stored  # the last step's table: a view of the scratch eager writes again
+        table = buf[:bs, :n]
+        WRITER(r2t, rpi, seq_lens, table, table.stride(0), PS)
+        state.stored = table
+        out = ATTN(q, k, v, table[:bs], seq_lens.to(torch.int32))
+        if variant == "stale":  # the scratch's own cells past the table: eager's stale ones, or the fill
+            return out, state.buf[:, -1].sum()
+        if variant == "previous_view":  # found by a helper's programs (2026-12-05): eager's write shows through it
+            # its first page (within every row's pages: the vectors of this variant have no empty row)
+            return out, previous[:, :1].clone() if previous is not None else out
+        return out
+
+    return step
+
+
+@pytest.mark.parametrize("variant", ["counter", "stored_twice", "reuse_stores", "dtype", "stale", "previous_view"])
+def test_outcomes_that_differ_in_more_than_the_scratch_are_not_one_computation(variant):
+    """Under static_escapes, the grow branch's outcomes are related only where they differ in where the scratch's
+    cells live: another side effect in one outcome (a counter, the scratch stored twice, a flag), another dtype,
+    the stale cells read, or a view of the scratch read (another input sharing its memory) keep them apart:
+    eager's values and state, whatever the max."""
+    bound = 4096
+    compiled_state, eager_state = _narrow_pair(bound, lambda st: _variant_step(st, variant))
+    compiled, backend = compile_traced(_variant_step(compiled_state, variant), dynamic=False,
+                                       max_context_len=bound, static_escapes=True, checked=True)
+    eager = _variant_step(eager_state, variant)
+    vectors = [v for v in _narrow_vectors(bound) if variant != "previous_view" or min(v) > 0]
+    for n, lengths in enumerate(vectors):
+        torch.testing.assert_close(compiled(*realistic_inputs(lengths, bound, n)),
+                                   eager(*realistic_inputs(lengths, bound, n)))
+        for name in ("grown", "reused"):
+            assert getattr(compiled_state, name, None) == getattr(eager_state, name, None), name
+        assert compiled_state.buf.shape == eager_state.buf.shape and compiled_state.buf.dtype == eager_state.buf.dtype
+        if variant == "stored_twice":
+            assert compiled_state.spare is compiled_state.buf
 
 
 def test_a_regrown_scratch_read_elsewhere_keeps_its_values():

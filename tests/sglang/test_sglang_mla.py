@@ -16,7 +16,7 @@ static bound `max_context_len` themselves. Their SGLang default is no mirror (`n
 | flashmla_{decode,verify,draft_extend} (no mirror: SGLang's default) | nothing | no host read: `eager_max_k = self.max_context_len` (flashmla_backend.py:166) | nothing: one graph per shape | nothing |
 | flashmla_decode_mirror | **rewritten** | the mirror's max gets the range [0, max_context_len] while Dynamo traces (compile_pass.tracing), so `if buf is None or buf.shape[0] < bs or buf.shape[1] < max_seqlen_pad` (flashmla_backend.py:151) is False for every such value once the scratch is the bound's 4 pages wide (the warm-up's, or the one the first compiled call allocates from None: test_sglang_realistic_bounds.py's fresh start); the page count slices the persistent scratch `buf[:bs, :max_seqlen_pad]` (:157), filled by the block-table writer (registered here with compile_pass.register_bounded_writer; its stride is the scratch's own) and read by the FlashMLA kernel by the same lengths (the mirror's device twin): allocated table rule, the slice widened to 4 pages, the stored table at that width (`static_escapes`); one graph per batch size (the static one, then a dynamic one), the host read gone | nothing | `static_escapes=True`, the writer's and the kernel's facts |
 | flashmla_draft_extend_mirror | **rewritten** | reaches the pass as decode does; the kernel's lengths are `seq_lens - extend_seq_lens + 4` (:236) against the page count `cdiv(m + 4, 64)`: the relation `x - y + c` (ProofContext.relate_lengths), an upper bound where every `extend_seq_lens >= 0`, which the rewrite asserts on the device, checked or not (every length at most max(seq_lens) + 4); the slice widened to 5 pages | nothing | `static_escapes=True`, the writer's and the kernel's facts |
-| flashmla_verify_mirror | graph_break | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range; traced at the bound (a fresh 5-wide scratch, stored on the backend), kept: the table is then a slice of a fresh allocation `torch.full((rows, max(n, 4)), -1)`, not of a persistent buffer (and, rewritten, the outcome traced, m >= 253, would be asserted on the device: every shorter step would raise), so it is traced again without | a host read, a break per step | do not publish the mirror |
+| flashmla_verify_mirror | **rewritten** | `cdiv(m + 4, 64)` reaches 5 pages within the bound and the warm-up grew the scratch to 4: the grow branch (:151) differs inside the range. Its bound's outcome regrows the scratch (`torch.full((rows, max(n, 4)), -1)`, `max(n, 4)` widened to 5) where the other outcome slices the 4-wide one as it is: one computation but for where the scratch's cells live (trace_signature.regrown_scratch: the same writer and readers over the same rows, the new scratch stored in the old one's place and nothing else), so the bound's outcome's graph runs for every max, with no assertion on the outcome; the scratch is stored 5 wide in the first compiled call | nothing | `static_escapes=True` (the scratch leaves at the static width, a new tensor) |
 | flashmla_verify_mirror_bounded | **rewritten** | SGLang's own invariant declared, `length_bounds={"seq_lens": 252, "seq_lens_cpu": 252}` (max_context_len less the 4 draft tokens, whose room the scheduler reserves): `cdiv(m + 4, 64)` is at most 4 pages, so the grow branch (:151) is False for every value and the slice is widened to 4 pages, as decode's; a committed length past 252 raises under `checked` | nothing | declare the bound for the mirror and its twin |
 | flashmla_replay_decode_static (one static graph per batch size, as the CUDA-graph runner captures) | **rewritten** | `max_seqlen_pad = cdiv(seq_lens_cpu.max().item(), 64)` (flashmla_backend.py:352) slicing `cuda_graph_kv_indices[:bs, :max_seqlen_pad]` (:427), read as `block_kv_indices[:bs]` (:498): page table -> width 4 (page size 64, from a page-level table), the stored table at the static width (`static_escapes`) | nothing: no host read | `static_escapes=True`, the FlashMLA kernel's facts (as this test registers them) |
 | flashmla_replay_decode (automatic dynamic shapes) | kept (`lengths_differ`) on the dynamic graph; its first, static graph is rewritten | the max is over `seq_lens_cpu[:bs]` with `bs` and the mirror's size two symbols | a host read of the mirror per replay on the dynamic graph | `dynamic=False` (one graph per batch size) |
@@ -82,8 +82,6 @@ PATHS = {p.name: p for p in [
       options={**SE, "length_bounds": VERIFY_BOUNDS}),
 ]}
 
-FLASHMLA_BRANCH = "flashmla_backend.py:151: Consider annotating your code using torch._check*(). Could not guard on " \
-                  "data-dependent expression"
 TRTLLM_BRANCH = "trtllm_mla_backend.py:355: Consider annotating your code using torch._check*(). Could not guard on " \
                 "data-dependent expression"
 EXPECTED = {
@@ -97,10 +95,11 @@ EXPECTED = {
     # persistent-scratch form), and the stored table leaves at that width (static_escapes)
     "flashmla_decode_mirror": ("rewritten", "sliced table -> width 4 (page_size 64)"),
     # verify sizes by cdiv(m + 4, 64): up to 5 pages within the bound, and the scratch the eager warm-up grew is 4
-    # wide, so the grow branch differs inside the range: traced at the bound (grown: a fresh 5-wide scratch
-    # stored on the backend), which holds only for m >= 253 (the outcome would be asserted on the device), kept,
-    # traced again without: the break
-    "flashmla_verify_mirror": ("graph_break", (FLASHMLA_BRANCH,)),
+    # wide, so the grow branch differs inside the range: the bound's outcome regrows the scratch (`max(n, 4)`
+    # widened to 5) that the other outcome slices as it is, one computation but for where the scratch lives
+    # (trace_signature.regrown_scratch, static_escapes): the bound's outcome's graph for every max, the scratch
+    # stored 5 wide in the first compiled call
+    "flashmla_verify_mirror": ("rewritten", "regrown width max(n, 4) is 5 within the bound"),
     # the same with SGLang's invariant declared (length_bounds 252 for seq_lens and seq_lens_cpu): cdiv(m + 4, 64)
     # is at most 4 pages, the grow branch False for every value, the slice widened to 4 pages
     "flashmla_verify_mirror_bounded": ("rewritten", "sliced table -> width 4 (page_size 64)"),
@@ -347,7 +346,7 @@ def test_the_draft_extends_premise_is_asserted_with_checked_off(mla_backends):
 
 
 @pytest.mark.parametrize("name", ["flashmla_decode_mirror", "flashmla_draft_extend_mirror",
-                                  "trtllm_mla_verify_mirror", "flashmla_verify_mirror_bounded"])
+                                  "trtllm_mla_verify_mirror", "flashmla_verify_mirror_bounded", "flashmla_verify_mirror"])
 def test_a_rewritten_mirror_path_equals_eager_over_many_lengths(mla_backends, name):
     """The rewritten mirror paths over 8 random length vectors and 4 batch sizes (3, 2, 4, 1: a static graph, then
     a dynamic one): every step equal to eager (run_path compares each), the host read gone from every graph."""

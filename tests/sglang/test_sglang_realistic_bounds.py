@@ -28,7 +28,10 @@ Starts:
     flashmla_backend.py:141), None at first: there the first step is a batch of 3 and the next one 64 (the scratch
     is allocated, then regrown for more rows, as in SGLang); the other suites grow it in an eager warm-up;
   * `warm`: that eager warm-up (a step at the bound and 64 rows before the compile), at 131072;
-  * `narrow`: an eager step of short rows before the compile (FlashMLA's scratch 2 pages wide), decode at 8192;
+  * `narrow`: an eager step of 2 short rows before the compile (FlashMLA's scratch 2 rows, 2 pages wide: the first
+    compiled batch of 3 regrows it for its rows), decode at 8192 and 32768; `narrow_wide`: the same with as many
+    rows as the batches (the first compiled step's grow branch is decided by the max: the regrown scratch's
+    outcome against the narrow one's, trace_signature.regrown_scratch);
   * `full`: a batch of 64 in a token table of 64 rows (a batch as large as `max_running_requests`, the size of the
     CUDA-graph buffers), at 4096, for the paths that slice a buffer sized by it.
 
@@ -129,8 +132,8 @@ def keys_of(case: Case) -> list[tuple]:
         out.append((case.name, bound, page, "fresh"))
         if case.scratch and bound == BOUNDS[-1]:
             out.append((case.name, bound, page, "warm"))
-        if case.name == NARROW and bound == BOUNDS[1]:
-            out.append((case.name, bound, page, "narrow"))
+        if case.name == NARROW and bound in BOUNDS[1:3]:
+            out += [(case.name, bound, page, "narrow"), (case.name, bound, page, "narrow_wide")]
         if case.full and bound == BOUNDS[0]:
             out.append((case.name, bound, page, "full"))
     return out
@@ -139,12 +142,6 @@ def keys_of(case: Case) -> list[tuple]:
 # --------------------------------------------------------------------------------------------- what fails today
 # (name, bound or None, page or None, start or None) -> reason; the first that matches a key marks it (strict)
 XFAIL: dict = {
-    (NARROW, None, None, "narrow"):
-        "issue 45 item 5 (compile_pass): the scratch an eager step left narrower than the bound "
-        "(`_eager_kv_indices_buf` 2 pages wide) makes the grow branch `buf.shape[1] < max_seqlen_pad` "
-        "(flashmla_backend.py:151) differ inside [0, bound]: the regrown table `torch.full((rows, max(n, 2)), -1)` "
-        "is kept (`sym_max` at :153, 'not only as an allocation's width'), traced again with the range only: a "
-        "graph break at :151, the mirror read on the host every step",
     ("trtllm_mla_verify_mirror", None, None, None):
         "the bound's outcome of the round-up at trtllm_mla_backend.py:355 differs from the other in width: at the "
         "bound `cdiv(m + 4, ps)` is one page past a multiple of lcm, rounded up to the next one (width 2 * 4096 / "
@@ -256,7 +253,7 @@ def vectors_of(key, low: int, top: int) -> list[list[int]]:
     part = (at_page.index(bound), len(at_page)) if case.round_up else None
     ones = start == "fresh" and ONES.get(name) == bound
     return sweep(low, top, max(page, 1), seed=bound + page, maxima_part=part, ones=ones,
-                 three_first=case.scratch and start in ("fresh", "narrow"))
+                 three_first=case.scratch and start in ("fresh", "narrow", "narrow_wide"))
 
 
 def run_case(key) -> Result:
@@ -281,6 +278,8 @@ def run_case(key) -> Result:
             engine.step(*engine.make_batch([top] + [low] * (BIG_BATCH - 1), seed=99))
         elif start == "narrow":  # an eager step before the compile: the scratch narrower than the bound, 2 rows
             engine.step(*engine.make_batch([min(low + 100, top), low], seed=99))
+        elif start == "narrow_wide":  # the same with as many rows as the batches: only the width is narrow
+            engine.step(*engine.make_batch([min(low + 100, top)] + [low] * (BIG_BATCH - 1), seed=99))
         step, backend = compile_traced(engine.step, dynamic=getattr(path, "dynamic", None), max_context_len=bound,
                                        **path.options)
         for n, lengths in enumerate(vectors):
