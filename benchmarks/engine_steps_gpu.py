@@ -379,6 +379,7 @@ def residue_vectors(batches, low, top, seed=0):
 def run_case(name, device, batches, count, replays, cudagraphs=None):
     import compile_pass
     from compile_pass import _compat
+    from compile_pass.pipeline import CUDAGRAPHS_SCRATCH
     from compile_pass.testing import host_reads_in_code, replay_without_sync
     from torch._dynamo.utils import counters
 
@@ -438,8 +439,6 @@ def run_case(name, device, batches, count, replays, cudagraphs=None):
 
         if status == "rewritten" and CUDAGRAPHS_OFF in cudagraph_notes:
             problems.append(f"the backend turned CUDA graphs off for a rewritten graph: {cudagraph_notes}")
-        from compile_pass.pipeline import CUDAGRAPHS_SCRATCH
-
         # the graph that allocates the scratch (a fresh start, or more rows) runs without CUDA graphs (its output
         # would live in their pool); every graph that slices the stored scratch makes it a static input
         slicing = [r for r in reports if CUDAGRAPHS_SCRATCH not in r.notes]
@@ -447,20 +446,25 @@ def run_case(name, device, batches, count, replays, cudagraphs=None):
                                                                    for n in r.notes) for r in slicing)):
             problems.append(f"the scratch was not made a static input of every graph that slices it: "
                             f"{cudagraph_notes}")
-    if cuda and any(" 0 cudagraphable" in p or "non-cudagraphable" in p and not p.endswith(" 0 non-cudagraphable")
-                    for p in partitions):
-        # one partition is not enough: it must be one CUDA graph (the backend turns CUDA graphs off for a graph
-        # that still holds a data-dependent size, and says so in the report's notes)
+    # one partition is not enough: it must be one CUDA graph (the backend turns CUDA graphs off for a graph that
+    # still holds a data-dependent size, and says so in the report's notes). The one exception is documented: a
+    # graph that allocates the scratch the step stores (a fresh start, or more rows) runs once per growth without
+    # CUDA graphs (CUDAGRAPHS_SCRATCH); every other graph, the steady one of each batch size, is one CUDA graph
+    allocating = sum(CUDAGRAPHS_SCRATCH in r.notes for r in reports)
+    not_graphed = [p for p in partitions if not p.endswith(" 0 non-cudagraphable")]
+    steady = len(partitions) - len(not_graphed)
+    if cuda and len(not_graphed) > allocating:
         notes = sorted({n for r in reports for n in r.notes if "cudagraphs" in n})
         problems.append(f"a partition is not cudagraphable: {partitions[:2]} {notes[:1]}")
     result = dict(step=name, options={k: v for k, v in options.items()}, status=status, rules=rules,
                   reasons=[i.reason for i in merged.rewritten + merged.kept], vectors=rows,
                   partitions=partitions, cudagraph_skips=int(counters["inductor"]["cudagraph_skips"]),
-                  cudagraph_notes=cudagraph_notes,
+                  cudagraph_notes=cudagraph_notes, allocating_graphs=allocating, cuda_graphed_partitions=steady,
                   graphs=len(reports), host_reads_in_code=reads, seconds=time.perf_counter() - t0,
                   problems=problems, ok=not problems)
     print(f"{name}: {status} by {rules}; {len(rows)} vectors equal: {all(r['equal'] for r in rows)}; "
-          f"replays clean: {all(not r.get('replay_failure') for r in rows)}; partitions: {partitions}; "
+          f"replays clean: {all(not r.get('replay_failure') for r in rows)}; partitions: {partitions} "
+          f"({steady} CUDA-graphed for {len(set(batches))} batch sizes, {allocating} allocating the scratch); "
           f"problems: {problems or 'none'}", flush=True)
     return result
 
