@@ -71,10 +71,16 @@ def insert_lower_assert(graph, before: torch.fx.Node, values: torch.fx.Node, low
 
 def insert_value_assert(graph, before: torch.fx.Node, lengths: torch.fx.Node, wide: torch.fx.Node,
                         message: str, offset: int = 0) -> None:
-    """Device-side: every value of `lengths` <= max(wide) + offset. An async assertion: no host read."""
+    """Device-side: every value of `lengths` <= max(wide) + offset. An async assertion: no host read. Compared in
+    the wider of the two dtypes: the max is 0-dim, and type promotion casts a 0-dim tensor to the other operand's
+    dtype, so an int64 max against int32 lengths would wrap to int32, exactly the values this checks for."""
     most = insert_call(graph, before, torch.ops.aten.amax.default, (wide,), before)
     if offset:
         most = insert_call(graph, before, torch.ops.aten.add.Scalar, (most, offset), before)
+    have, most_value = example_value(lengths), example_value(most)
+    dtype = most_value.dtype if most_value is not None else torch.int64  # lengths are integers: int64 holds any
+    if have is None or torch.promote_types(have.dtype, dtype) != have.dtype:
+        lengths = insert_call(graph, before, torch.ops.aten._to_copy.default, (lengths,), before, dtype=dtype)
     within = insert_call(graph, before, torch.ops.aten.le.Tensor, (lengths, most), before)
     every = insert_call(graph, before, torch.ops.aten.all.default, (within,), before)
     insert_call(graph, before, torch.ops.aten._assert_async.msg, (every, message), before)

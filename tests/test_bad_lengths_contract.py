@@ -228,6 +228,39 @@ def test_page_table_rule_checked_raises_for_a_negative_page_count():
         call(compiled, *page_table_args([3, -1, 5]))
 
 
+def narrowed_step(fb, q, k, v):
+    """The consumer reads the lengths narrowed to int32 (`seq_lens.int()`, as SGLang's kernels take them)."""
+    m = fb.seq_lens.max().item()
+    table = fb.req_to_token[fb.req_pool_indices, :m:4] // 4
+    return PAGED(q, k, v, table, fb.seq_lens.int(), max_seqlen_k=m)
+
+
+WRAP = 1 << 32  # an int64 length of k + WRAP or k - WRAP narrows to the int32 value k
+
+
+@pytest.mark.parametrize("lengths", [[MCL - WRAP], [5 + WRAP], [5, 3 - WRAP, 7], [MCL, MCL - WRAP, 1]],
+                         ids=["negative, wraps to the bound", "past the bound, wraps to 5", "one row wraps",
+                              "a row wraps to the max of the others"])
+def test_checked_raises_for_a_wide_length_that_narrows_into_the_range(lengths):
+    """The range is asserted on the values the max was taken over, before the consumer's int64 -> int32
+    narrowing: a length outside [0, bound] whose int32 value lies inside it raises too (found by the trace-time
+    generator with new seeds: the assertion on the narrowed values let -2**32 + bound through)."""
+    compiled = compiled_step(narrowed_step, page_table_args([3, 9, 5]), max_context_len=MCL)
+    with pytest.raises(RuntimeError, match="outside|do not fit int32"):
+        call(compiled, *page_table_args(lengths))
+
+
+def test_unchecked_narrowing_is_compared_in_int64():
+    """checked=False keeps the proof's own premise, that the narrowed lengths are within the max of the wide ones.
+    The max is a 0-dim int64 tensor, which type promotion would cast to the lengths' int32 (wrapping -2**32 + 32
+    to 32, the very value it is compared with): the comparison is made in int64, and the step raises."""
+    compiled = compiled_step(narrowed_step, page_table_args([3, 9, 5]), max_context_len=MCL, checked=False)
+    with pytest.raises(RuntimeError, match="do not fit int32"):
+        call(compiled, *page_table_args([MCL - WRAP]))
+    for lengths in ([0, 0, 0], [MCL, 1, 2], [7, MCL, 0]):  # within the bound: eager's values
+        torch.testing.assert_close(call(compiled, *page_table_args(lengths)), narrowed_step(*page_table_args(lengths)))
+
+
 def test_page_table_rule_checked_raises_for_an_out_of_range_index_on_a_zero_length_row():
     compiled = compiled_step(page_table_step, page_table_args([3, 9, 5]), max_context_len=MCL)
     with pytest.raises(RuntimeError, match="req_pool_indices"):

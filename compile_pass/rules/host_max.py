@@ -393,7 +393,8 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
     """The lengths' device assertions (no host read), one per (lengths, window), before the first reader:
     - checked: the values the max was taken over lie in [0, bound] (a length past the static bound, or a negative
       one, raises), asserted where the consumer reads them: lengths = values + offset within
-      [offset, bound + offset];
+      [offset, bound + offset]; on the values before an int64 -> int32 narrowing, where the lengths pass one (a
+      wide value that wraps into the range, -2**32 + 5, is outside it);
     - lengths narrowed (int64 -> int32) keep the relation the proof rests on, that no consumer length exceeds
       what eager's max covered, only while they fit: that is asserted too, checked or not (the proof's premise,
       not a bound check), against the max of the wide values. Returns whether a bound check was made."""
@@ -405,7 +406,8 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
     for (lengths, low, bound, ranged, upto), before in firsts.items():
         where = node_location(before)
         wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
-        if any(is_narrowing(n) for n in passed):
+        narrowings = sorted((n for n in passed if is_narrowing(n)), key=order.get)
+        if narrowings:
             insert_value_assert(graph, before, lengths, wide,
                                 f"syncfree: lengths narrowed to int32 at {where} exceed the max of the values they "
                                 "were narrowed from (they do not fit int32)")
@@ -415,7 +417,10 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
                                 f"syncfree: lengths at {where} exceed the max they were sized by + {extra}: a value "
                                 "they subtract is negative", offset=extra)
         if checked and ranged:
-            insert_device_assert(graph, before, lengths, bound + low,
+            # on the values the first narrowing reads, where it reads them (int32 values of the range can come
+            # from int64 values outside it); else on the lengths, where the consumer reads them
+            values, at = (narrowings[0].args[0], narrowings[0]) if narrowings else (lengths, before)
+            insert_device_assert(graph, at, values, bound + low,
                                  f"syncfree: a sequence length exceeds the static bound that replaced its max, or is "
                                  f"negative: outside [0, {bound}] ({bound_source}) at {where}", low=low)
     return checked and bool(firsts)

@@ -73,7 +73,7 @@ def test_through_inductor(name):
     for n, lengths in enumerate(program.vectors[:3]):
         want = pg._outcome(fn, pg.make_args(lengths, program.variant, program.seed + n))
         got = pg._outcome(compiled, pg.make_args(lengths, program.variant, program.seed + n))
-        d = pg.difference(got[0], want[0], "out") or pg.difference(got[1], want[1], "inputs")
+        d = pg.step_difference(got, want, lengths)
         if d:
             pytest.fail(f"Inductor: compiled != eager at lengths={lengths}: {d}\n{program.source}", pytrace=False)
     report = compile_pass.last_report()
