@@ -406,8 +406,8 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
     for (lengths, low, bound, ranged, upto), before in firsts.items():
         where = node_location(before)
         wide, passed = strip_kept_values(lengths, allow_moves=False, allow_narrowing=True)
-        narrowings = sorted((n for n in passed if is_narrowing(n)), key=order.get)
-        if narrowings:
+        narrowing = min((n for n in passed if is_narrowing(n)), key=order.get, default=None)  # the first
+        if narrowing is not None:
             insert_value_assert(graph, before, lengths, wide,
                                 f"syncfree: lengths narrowed to int32 at {where} exceed the max of the values they "
                                 "were narrowed from (they do not fit int32)")
@@ -419,7 +419,7 @@ def assert_lengths(graph: torch.fx.Graph, uses, checked: bool, bound_source: str
         if checked and ranged:
             # on the values the first narrowing reads, where it reads them (int32 values of the range can come
             # from int64 values outside it); else on the lengths, where the consumer reads them
-            values, at = (narrowings[0].args[0], narrowings[0]) if narrowings else (lengths, before)
+            values, at = (narrowing.args[0], narrowing) if narrowing is not None else (lengths, before)
             insert_device_assert(graph, at, values, bound + low,
                                  f"syncfree: a sequence length exceeds the static bound that replaced its max, or is "
                                  f"negative: outside [0, {bound}] ({bound_source}) at {where}", low=low)
